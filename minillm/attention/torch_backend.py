@@ -1,0 +1,95 @@
+"""The reference attention backend in plain PyTorch; also the CPU fast path.
+
+Decode sequences are batched: their keys are gathered from the pool through
+the block tables into one padded tensor and attended with two batched
+matmuls. GQA is handled by viewing the query heads as [kv_heads, group] so
+each K/V head is read once for its whole group (no repeat_interleave).
+Prefill chunks go one sequence at a time through scaled_dot_product_attention;
+a chunk that starts at position 0 with nothing cached uses its own K/V and the
+fused causal kernel, a chunk after a cached prefix reads the prefix through the
+block table and uses an explicit offset-causal mask.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minillm.attention.metadata import AttentionMetadata
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """Write each new token's K/V into its slot of the paged pool."""
+    kvh, d = k.shape[1], k.shape[2]
+    k_cache.view(-1, kvh, d).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, kvh, d).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[seqs, blocks] table -> [seqs, num_tokens, kv_heads, head_dim] contiguous keys or values."""
+    nb = -(-num_tokens // cache.shape[1])
+    blocks = cache[block_tables[:, :nb]]  # [seqs, nb, block_size, kvh, d]
+    s = blocks.shape
+    return blocks.reshape(s[0], s[1] * s[2], s[3], s[4])[:, :num_tokens]
+
+
+def paged_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, max_len: int, scale: float,
+) -> torch.Tensor:
+    """q: [B, H, D], one query per sequence attending to its seq_lens[b] keys."""
+    b, h, d = q.shape
+    kvh = k_cache.shape[2]
+    keys = gather_kv(k_cache, block_tables, max_len).to(q.dtype)  # [B, L, kvh, D]
+    vals = gather_kv(v_cache, block_tables, max_len).to(q.dtype)
+    qg = q.view(b, kvh, h // kvh, d)  # the query heads of one group share a K/V head
+    scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)).float() * scale  # [B, kvh, g, L]
+    pad = torch.arange(max_len, device=q.device)[None, :] >= seq_lens[:, None]
+    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    probs = scores.softmax(-1).to(q.dtype)
+    out = torch.matmul(probs, vals.transpose(1, 2))  # [B, kvh, g, D]
+    return out.reshape(b, h, d)
+
+
+def prefill_one(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, scale: float
+) -> torch.Tensor:
+    """q: [Lq, H, D] (the last Lq positions), k/v: [seq_len, kvh, D] -> [Lq, H, D]."""
+    lq = q.shape[0]
+    qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    if lq == seq_len:
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        # query i sits at absolute position seq_len - lq + i and sees keys <= that
+        qpos = torch.arange(seq_len - lq, seq_len, device=q.device)
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= qpos[:, None]
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+class TorchAttentionBackend:
+    name = "torch"
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+        v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+    ) -> torch.Tensor:
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        nd = meta.num_decode_seqs
+        parts = []
+        if nd:
+            max_len = max(meta.seq_lens_list[:nd])
+            parts.append(
+                paged_decode(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], max_len, scale)
+            )
+        start = nd
+        for i in range(nd, meta.num_seqs):
+            lq, sl = meta.query_lens_list[i], meta.seq_lens_list[i]
+            qi = q[start : start + lq]
+            if lq == sl:  # nothing cached before this chunk: use the fresh K/V directly
+                ki, vi = k[start : start + lq], v[start : start + lq]
+            else:
+                ki = gather_kv(k_cache, meta.block_tables[i : i + 1], sl)[0].to(q.dtype)
+                vi = gather_kv(v_cache, meta.block_tables[i : i + 1], sl)[0].to(q.dtype)
+            parts.append(prefill_one(qi, ki, vi, sl, scale))
+            start += lq
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

@@ -1,0 +1,152 @@
+"""The `minillm` command: generate, chat, demo, bench."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+DEMO_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the ocean.",
+    "Explain what a KV cache is in one sentence.",
+    "List three primary colors.",
+    "What is 12 times 7?",
+    "Give me a short tip for learning Python.",
+    "Translate 'good morning' into Spanish.",
+    "Why is the sky blue? Answer briefly.",
+    "Name a famous painting by Leonardo da Vinci.",
+    "Write one sentence about cats.",
+    "What does CPU stand for?",
+    "Suggest a name for a pet goldfish.",
+    "Describe the color green to someone who cannot see.",
+    "What is the boiling point of water in Celsius?",
+    "Write a two-line poem about autumn.",
+    "How many days are in a leap year?",
+]
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct GGUF)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    p.add_argument("--max-num-seqs", type=int, default=128)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-cache-mb", type=int, default=None, help="KV pool budget in MiB")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--no-chunked-prefill", action="store_true")
+
+
+def _sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def _make_llm(a: argparse.Namespace):
+    from minillm import LLM
+
+    return LLM(
+        a.model, dtype=a.dtype, attention_backend=a.attention_backend, max_num_seqs=a.max_num_seqs,
+        max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
+        kv_cache_memory_bytes=None if a.kv_cache_mb is None else a.kv_cache_mb * 2**20,
+        enable_prefix_caching=not a.no_prefix_caching, enable_chunked_prefill=not a.no_chunked_prefill,
+    )
+
+
+def _params(a: argparse.Namespace):
+    from minillm import SamplingParams
+
+    return SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed)
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    llm = _make_llm(a)
+    prompt = llm.apply_chat_template([{"role": "user", "content": a.prompt}]) if a.chat_template else a.prompt
+    for piece in llm.stream(prompt, _params(a)):
+        print(piece, end="", flush=True)
+    print()
+    return 0
+
+
+def cmd_chat(a: argparse.Namespace) -> int:
+    llm = _make_llm(a)
+    history: list[dict[str, str]] = []
+    if a.system:
+        history.append({"role": "system", "content": a.system})
+    print("minillm chat -- empty line or Ctrl-D to quit")
+    while True:
+        try:
+            line = input("you> ").strip()
+        except EOFError:
+            print()
+            return 0
+        if not line:
+            return 0
+        history.append({"role": "user", "content": line})
+        print("assistant> ", end="", flush=True)
+        reply = []
+        for piece in llm.stream_chat(history, _params(a)):
+            reply.append(piece)
+            print(piece, end="", flush=True)
+        print()
+        history.append({"role": "assistant", "content": "".join(reply)})
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from minillm.metrics import summarize
+
+    llm = _make_llm(a)
+    system = "You are a concise, helpful assistant. Answer in at most two sentences."
+    convs = [[{"role": "system", "content": system}, {"role": "user", "content": p}] for p in DEMO_PROMPTS[: a.num_prompts]]
+    t0 = time.perf_counter()
+    outs = llm.chat(convs, _params(a), use_tqdm=not a.quiet)
+    wall = time.perf_counter() - t0
+    for conv, out in zip(convs, outs):
+        o = out.outputs[0]
+        print(f"\n### {conv[-1]['content']}\n{o.text.strip()}  [{len(o.token_ids)} tokens, {o.finish_reason}]")
+    print(f"\n--- summary ({len(outs)} requests through continuous batching in {wall:.2f} s) ---")
+    print(llm.trace and summarize(llm.trace).format())
+    if a.trace:
+        from minillm.engine.trace import dump_trace
+
+        dump_trace(llm.trace, a.trace)
+        print(f"step trace written to {a.trace}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "bench":
+        from minillm.bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
+    ap = argparse.ArgumentParser(prog="minillm", description="a compact LLM inference engine to learn from")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="stream one completion")
+    g.add_argument("prompt")
+    g.add_argument("--chat-template", action="store_true", help="wrap the prompt as a user chat turn")
+    _engine_args(g)
+    _sampling_args(g, 64)
+    g.set_defaults(fn=cmd_generate)
+    c = sub.add_parser("chat", help="interactive streaming chat")
+    c.add_argument("--system", default=None)
+    _engine_args(c)
+    _sampling_args(c, 256)
+    c.set_defaults(fn=cmd_chat)
+    d = sub.add_parser("demo", help="a batch of varied prompts through continuous batching, with a summary")
+    d.add_argument("--num-prompts", type=int, default=len(DEMO_PROMPTS))
+    d.add_argument("--trace", default=None, help="write the step trace as JSONL")
+    d.add_argument("--quiet", action="store_true")
+    _engine_args(d)
+    _sampling_args(d, 48)
+    d.set_defaults(fn=cmd_demo)
+    sub.add_parser("bench", help="benchmarks: minillm bench {latency,throughput} --help")
+    a = ap.parse_args(argv)
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

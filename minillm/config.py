@@ -1,0 +1,118 @@
+"""Configuration dataclasses: the model's shape and the engine's knobs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2).
+
+    Field names follow Hugging Face's config.json so a folder's config maps 1:1.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int | None = None  # Qwen3 sets it explicitly; else hidden / heads
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None  # e.g. {"rope_type": "llama3", ...}
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: bias on q/k/v projections
+    qk_norm: bool = False  # Qwen3: RMSNorm on each head of q and k
+    bos_token_id: int | None = None
+    eos_token_id: list[int] = field(default_factory=list)
+    model_type: str = "llama"
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+
+    @property
+    def q_per_kv(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """K and V for one token across all layers: 2 * layers * kv_heads * head_dim * bytes."""
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * elem
+
+    def num_parameters(self) -> int:
+        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+        if self.attention_bias:
+            per_layer += q + 2 * kv
+        if self.qk_norm:
+            per_layer += 2 * d
+        emb = self.vocab_size * h
+        return self.num_hidden_layers * per_layer + emb * (1 if self.tie_word_embeddings else 2) + h
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        eos = d.get("eos_token_id")
+        eos_list = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        model_type = d.get("model_type", "llama")
+        rope_scaling = d.get("rope_scaling")
+        rope_theta = d.get("rope_theta")
+        rope_params = d.get("rope_parameters")  # transformers >= 5 nests rope settings here
+        if isinstance(rope_params, dict):
+            rope_theta = rope_theta or rope_params.get("rope_theta")
+            if rope_params.get("rope_type", "default") != "default" and rope_scaling is None:
+                rope_scaling = dict(rope_params)
+        if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
+            rope_scaling = None
+        return cls(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=d["num_attention_heads"],
+            num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+            head_dim=d.get("head_dim"),
+            max_position_embeddings=d.get("max_position_embeddings", 2048),
+            rms_norm_eps=d.get("rms_norm_eps", 1e-5),
+            rope_theta=float(rope_theta or 10000.0),
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=d.get("tie_word_embeddings", False),
+            attention_bias=d.get("attention_bias", model_type == "qwen2"),
+            qk_norm=model_type == "qwen3",
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=eos_list,
+            model_type=model_type,
+        )
+
+
+@dataclass
+class CacheConfig:
+    """The paged KV pool. Size it by bytes, by a fraction of free GPU memory, or by blocks."""
+
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None  # default: 512 MiB on CPU
+    gpu_memory_utilization: float = 0.9  # fraction of free device memory (CUDA only)
+    num_blocks: int | None = None  # overrides the budget when set (tests)
+    enable_prefix_caching: bool = True
+    cache_dtype: torch.dtype | None = None  # default: the model dtype
+
+
+@dataclass
+class SchedulerConfig:
+    """Per-step token budget of continuous batching."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    enable_chunked_prefill: bool = True
+    max_model_len: int | None = None  # default: the model's max_position_embeddings

@@ -1,0 +1,58 @@
+"""Analytic FLOPs and bytes of one engine step, for the roofline.
+
+Counted from the model config and the batch (matmuls as 2*m*n*k FLOPs):
+weights are read once per step whatever the batch, every new token's
+attention reads the K/V of all keys it attends to, and each new token
+writes its own K/V once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minillm.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class StepCost:
+    flops: float
+    weight_bytes: float
+    kv_read_bytes: float
+    kv_write_bytes: float
+
+    @property
+    def bytes_moved(self) -> float:
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes
+
+
+def weight_bytes(cfg: ModelConfig, bytes_per_weight: float) -> float:
+    """Bytes of weights one step streams: every matmul weight plus the LM head.
+
+    The embedding table is a gather (a few rows), so it only counts when it is
+    also the LM head (tied).
+    """
+    return cfg.num_parameters() * bytes_per_weight - (
+        0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * bytes_per_weight
+    )
+
+
+def step_cost(
+    cfg: ModelConfig,
+    chunks: list[tuple[int, int]],  # (num_new_tokens, context_len after the step) per sequence
+    num_logits: int,
+    bytes_per_weight: float,
+    bytes_per_kv_elem: float,
+) -> StepCost:
+    h, d, layers = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    linear_per_token = 2 * layers * (h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size)
+    tokens = sum(n for n, _ in chunks)
+    attn = 0.0
+    kv_read = 0.0
+    for n, ctx in chunks:
+        # keys seen by the chunk's queries: causal, the i-th of n sees ctx - n + i + 1
+        keys = n * (ctx - n) + n * (n + 1) / 2
+        attn += 2 * 2 * layers * cfg.num_attention_heads * d * keys  # QK^T and PV
+        kv_read += ctx * 2 * layers * kv * bytes_per_kv_elem  # each key and value read once per step
+    flops = linear_per_token * tokens + attn + 2 * h * cfg.vocab_size * num_logits
+    kv_write = tokens * 2 * layers * kv * bytes_per_kv_elem
+    return StepCost(flops, weight_bytes(cfg, bytes_per_weight), kv_read, kv_write)

@@ -1,0 +1,104 @@
+"""Runs one scheduled batch through the model: inputs, paged-cache metadata, forward, sampling."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minillm.attention.metadata import AttentionMetadata
+from minillm.config import CacheConfig
+from minillm.engine.sampler import SampleResult, sample
+from minillm.engine.scheduler import ScheduledChunk
+from minillm.models.llama import LlamaForCausalLM
+
+DEFAULT_CPU_KV_BYTES = 512 * 2**20
+
+
+def make_attention_backend(name: str):
+    if name == "torch":
+        from minillm.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend()
+    if name == "triton":
+        from minillm.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    raise ValueError(f"unknown attention_backend {name!r} (choose 'torch' or 'triton')")
+
+
+@dataclass
+class KVCacheSpec:
+    num_blocks: int
+    block_size: int
+    dtype: torch.dtype
+    bytes_per_block: int
+
+
+def plan_kv_cache(model: LlamaForCausalLM, cache: CacheConfig, device: torch.device) -> KVCacheSpec:
+    """Number of blocks that fit the budget: bytes given, or a fraction of free GPU memory."""
+    cfg = model.config
+    dtype = cache.cache_dtype or model.embed_tokens.weight.dtype
+    per_block = cfg.kv_bytes_per_token(dtype) * cache.block_size
+    if cache.num_blocks is not None:
+        n = cache.num_blocks
+    elif cache.kv_cache_memory_bytes is not None:
+        n = cache.kv_cache_memory_bytes // per_block
+    elif device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        n = int(free * cache.gpu_memory_utilization) // per_block
+    else:
+        n = DEFAULT_CPU_KV_BYTES // per_block
+    if n < 1:
+        raise ValueError(f"KV cache budget holds no block of {per_block} bytes; raise kv_cache_memory_bytes")
+    return KVCacheSpec(int(n), cache.block_size, dtype, per_block)
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, spec: KVCacheSpec, attention_backend: str = "torch") -> None:
+        self.model = model
+        self.spec = spec
+        self.device = model.embed_tokens.weight.device
+        self.backend = make_attention_backend(attention_backend)
+        cfg = model.config
+        shape = (spec.num_blocks, spec.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        # one K and one V buffer per layer (a single big tensor sliced per layer gets
+        # copied whole by torch.compile at every layer)
+        self.k_caches = [torch.zeros(shape, dtype=spec.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
+        self.v_caches = [torch.zeros(shape, dtype=spec.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
+        self.attach()
+
+    def attach(self) -> None:
+        """Point every attention layer at this runner's pool (a model may serve several engines in turn)."""
+        for attn, k, v in zip(self.model.attention_layers(), self.k_caches, self.v_caches):
+            attn.k_cache, attn.v_cache, attn.backend = k, v, self.backend
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k_caches + self.v_caches)
+
+    @torch.inference_mode()
+    def run(self, chunks: list[ScheduledChunk]) -> SampleResult | None:
+        """Forward the packed chunks; sample for every chunk that catches its sequence up."""
+        self.attach()
+        ids: list[int] = []
+        positions: list[int] = []
+        query_lens, seq_lens, tables = [], [], []
+        last_rows: list[int] = []
+        for c in chunks:
+            start, end = c.num_computed_before, c.num_computed_before + c.num_new_tokens
+            ids.extend(c.seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            query_lens.append(c.num_new_tokens)
+            seq_lens.append(end)
+            tables.append(c.seq.block_table)
+            if c.completes:
+                last_rows.append(len(ids) - 1)
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.spec.block_size, self.device)
+        hidden = self.model(
+            torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), meta
+        )
+        if not last_rows:
+            return None
+        logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=self.device)])
+        sampled = [c.seq for c in chunks if c.completes]
+        return sample(logits, [s.params for s in sampled], [s.generator for s in sampled])

@@ -1,0 +1,78 @@
+"""Turn a batch of logits into next tokens, each row with its own SamplingParams.
+
+Greedy rows take the argmax. Other rows: divide by temperature, drop tokens
+outside top-k, outside the top-p nucleus and below min-p * max probability,
+then draw. A row with a seed draws from its own torch.Generator, so its output
+does not depend on what else was batched with it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minillm.sampling_params import SamplingParams
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None]  # sampled token + top alternatives, when asked
+
+
+def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Apply temperature, top-k, top-p and min-p to [B, V] float logits (returns a new tensor)."""
+    dev = logits.device
+    temp = torch.tensor([p.temperature for p in params], device=dev, dtype=logits.dtype)
+    logits = logits / temp[:, None]
+    vocab = logits.shape[-1]
+    top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
+    top_p = [p.top_p for p in params]
+    if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab, device=dev)[None, :]
+        drop = ranks >= torch.tensor(top_k, device=dev)[:, None]
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+        # keep the smallest prefix whose mass reaches top_p (the token crossing it stays)
+        mass_before = probs.cumsum(-1) - probs
+        drop |= mass_before >= torch.tensor(top_p, device=dev, dtype=probs.dtype)[:, None]
+        drop[:, 0] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    min_p = torch.tensor([p.min_p for p in params], device=dev, dtype=logits.dtype)
+    if bool((min_p > 0).any()):
+        probs = logits.softmax(-1)
+        floor = probs.max(-1, keepdim=True).values * min_p[:, None]
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    return logits
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> SampleResult:
+    """logits: [B, V] float32. Returns one token per row."""
+    b = logits.shape[0]
+    tokens = logits.argmax(-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if rows:
+        idx = torch.tensor(rows, device=logits.device)
+        probs = _filter(logits[idx], [params[i] for i in rows]).softmax(-1)
+        # Exponential race: argmax(p / E) with E ~ Exp(1) draws exactly from p.
+        noise = torch.empty_like(probs)
+        for j, i in enumerate(rows):
+            noise[j].exponential_(generator=generators[i])
+        tokens[idx] = (probs / noise).argmax(-1)
+    token_list = tokens.tolist()
+    logprobs: list[dict[int, float] | None] = [None] * b
+    want = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if want:
+        lp = logits[want].log_softmax(-1)
+        for j, i in enumerate(want):
+            k = params[i].logprobs
+            entry = {token_list[i]: float(lp[j, token_list[i]])}
+            if k:
+                vals, ids = lp[j].topk(k)
+                for v, t in zip(vals.tolist(), ids.tolist()):
+                    entry.setdefault(t, v)
+            logprobs[i] = entry
+    return SampleResult(token_list, logprobs)

@@ -1,0 +1,167 @@
+"""The step trace: one immutable record per engine step.
+
+Everything that observes the engine -- metrics, benchmarks, the roofline, the
+widgets, the HTML report -- reads these records and never the engine's
+internals, so each view can be tested on a recorded or synthetic trace.
+
+Times are `time.perf_counter()` seconds (one clock for arrivals, steps and
+tokens). Block ids index the physical pool `0 .. num_blocks - 1`.
+Events that happen between steps (arrivals, aborts) are reported in the next
+step's record.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Iterable, Literal
+
+Phase = Literal["prefill", "decode", "verify"]
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """One sequence's share of a step."""
+
+    seq_id: int
+    request_id: str
+    phase: Phase  # prefill chunk, single decode token, or speculative verification
+    num_new_tokens: int  # tokens whose K/V this step computed
+    num_computed_before: int  # tokens already in the cache before the step (incl. prefix hits)
+    context_len: int  # keys attended by the last new token (= before + new)
+    num_prefix_hit_tokens: int  # taken from the prefix cache when admitted this step
+    num_prompt_tokens: int
+    sampled: bool  # did this step produce an output token for it
+
+
+@dataclass(frozen=True)
+class Arrival:
+    request_id: str
+    seq_ids: tuple[int, ...]
+    arrival_time: float
+    num_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class NewTokens:
+    seq_id: int
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Finished:
+    seq_id: int
+    request_id: str
+    reason: str  # "stop" | "length" | "abort"
+    num_output_tokens: int
+
+
+@dataclass(frozen=True)
+class Preemption:
+    seq_id: int
+    request_id: str
+    reason: str
+    num_blocks_freed: int
+    num_tokens_lost: int  # computed tokens that will be recomputed
+
+
+@dataclass(frozen=True)
+class SpecRecord:
+    seq_id: int
+    num_proposed: int
+    num_accepted: int
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    step: int
+    start_time: float
+    duration_s: float
+    # batch composition
+    scheduled: tuple[ScheduledSeq, ...]
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_spec_tokens: int
+    token_budget: int  # max_num_batched_tokens
+    max_num_seqs: int
+    num_waiting: int  # queue length after scheduling
+    num_running: int  # sequences holding KV blocks after the step
+    # request lifecycle
+    arrivals: tuple[Arrival, ...]
+    new_tokens: tuple[NewTokens, ...]
+    finished: tuple[Finished, ...]
+    preemptions: tuple[Preemption, ...]
+    # the paged pool
+    num_blocks: int
+    block_size: int
+    blocks_allocated: tuple[int, ...]
+    blocks_freed: tuple[int, ...]  # ref count reached 0 (content kept if cached)
+    blocks_evicted: tuple[int, ...]  # cached content dropped so the block could be reused
+    blocks_shared: tuple[int, ...]  # an existing block gained a reference (prefix hit / n > 1)
+    block_tables: tuple[tuple[int, tuple[int, ...]], ...]  # (seq_id, physical blocks) after the step
+    block_ref_counts: tuple[int, ...]  # per physical block, after the step
+    block_cached: tuple[bool, ...]  # per physical block: holds a reusable prefix hash
+    free_queue: tuple[int, ...]  # ref-count-0 blocks, next handed out first
+    prefix_queried_tokens: int  # prompt tokens looked up in the prefix cache this step
+    prefix_hit_tokens: int  # of which found
+    # speculative decoding
+    spec: tuple[SpecRecord, ...]
+    # roofline (analytic, from the model config and the batch)
+    flops: float
+    bytes_moved: float
+    weight_bytes: float
+    kv_read_bytes: float
+    kv_write_bytes: float
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_spec_tokens
+
+    @property
+    def num_used_blocks(self) -> int:
+        return sum(1 for r in self.block_ref_counts if r > 0)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks if self.num_blocks else 0.0
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        return self.flops / self.bytes_moved if self.bytes_moved else 0.0
+
+    @property
+    def achieved_flops_per_s(self) -> float:
+        return self.flops / self.duration_s if self.duration_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StepTrace":
+        nested = {
+            "scheduled": ScheduledSeq, "arrivals": Arrival, "new_tokens": NewTokens,
+            "finished": Finished, "preemptions": Preemption, "spec": SpecRecord,
+        }
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            v = d[f.name]
+            if f.name in nested:
+                kw[f.name] = tuple(nested[f.name](**{k: tuple(x) if isinstance(x, list) else x for k, x in item.items()}) for item in v)
+            elif f.name == "block_tables":
+                kw[f.name] = tuple((sid, tuple(bl)) for sid, bl in v)
+            elif isinstance(v, list):
+                kw[f.name] = tuple(v)
+            else:
+                kw[f.name] = v
+        return cls(**kw)
+
+
+def dump_trace(trace: Iterable[StepTrace], path: str) -> None:
+    """Write one JSON object per line (JSONL)."""
+    with open(path, "w") as f:
+        for rec in trace:
+            f.write(json.dumps(rec.to_dict()) + "\n")
+
+
+def load_trace(path: str) -> list[StepTrace]:
+    with open(path) as f:
+        return [StepTrace.from_dict(json.loads(line)) for line in f if line.strip()]

@@ -1,0 +1,1 @@
+"""Builders shared by tests (tiny random models of every supported family)."""

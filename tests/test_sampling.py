@@ -1,0 +1,81 @@
+"""Sampling: filters keep the right tokens, seeds reproduce, stop conditions and logprobs work."""
+import math
+
+import pytest
+import torch
+
+from minillm import SamplingParams
+from minillm.engine.sampler import _filter, sample
+from tests.helpers.engine_utils import make_engine, run_to_completion, tiny_model
+
+
+def test_greedy_is_argmax():
+    logits = torch.randn(5, 50)
+    res = sample(logits, [SamplingParams(temperature=0)] * 5, [None] * 5)
+    assert res.token_ids == logits.argmax(-1).tolist()
+
+
+def test_top_k_top_p_min_p_filters():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    keep = lambda p: (_filter(logits, [p])[0] > float("-inf")).tolist()
+    assert keep(SamplingParams(top_k=2)) == [True, True, False, False]
+    assert keep(SamplingParams(top_p=0.8)) == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8
+    assert keep(SamplingParams(top_p=0.81)) == [True, True, True, False]
+    assert keep(SamplingParams(top_p=0.1)) == [True, False, False, False]
+    assert keep(SamplingParams(min_p=0.25)) == [True, True, True, False]  # floor 0.125
+
+
+def test_sampling_frequencies_follow_the_distribution():
+    probs = torch.tensor([0.6, 0.25, 0.1, 0.05])
+    logits = probs.log().repeat(4000, 1)
+    gen = torch.Generator().manual_seed(0)
+    res = sample(logits, [SamplingParams(temperature=1.0)] * 4000, [gen] * 4000)
+    freq = torch.bincount(torch.tensor(res.token_ids), minlength=4).float() / 4000
+    assert torch.allclose(freq, probs, atol=0.03), freq
+
+
+def test_temperature_sharpens():
+    logits = torch.tensor([[2.0, 1.0, 0.0]]).repeat(3000, 1)
+    cold = sample(logits, [SamplingParams(temperature=0.2)] * 3000, [None] * 3000).token_ids
+    hot = sample(logits, [SamplingParams(temperature=5.0)] * 3000, [None] * 3000).token_ids
+    assert cold.count(0) > hot.count(0) + 1000
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def test_seed_reproducible_regardless_of_batch(model):
+    p = SamplingParams(temperature=1.0, seed=1234, max_tokens=12, ignore_eos=True)
+    eng = make_engine(model)
+    eng.add_request("alone", [3, 4, 5], p)
+    alone = run_to_completion(eng)["alone"]
+    eng = make_engine(model)
+    for i in range(5):
+        eng.add_request(f"noise{i}", [i + 1] * (i + 2), SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True))
+    eng.add_request("seeded", [3, 4, 5], p)
+    assert run_to_completion(eng)["seeded"] == alone
+    eng = make_engine(model)
+    eng.add_request("other", [3, 4, 5], SamplingParams(temperature=1.0, seed=99, max_tokens=12, ignore_eos=True))
+    assert run_to_completion(eng)["other"] != alone
+
+
+def test_stop_token_ids_and_logprobs(model):
+    eng = make_engine(model)
+    eng.add_request("r", [3, 4, 5], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    full = run_to_completion(eng)["r"]
+    stop_at = full[4]
+    first = full.index(stop_at)
+    eng = make_engine(model)
+    eng.add_request("r", [3, 4, 5], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_at], logprobs=3))
+    outs = []
+    while eng.has_unfinished_requests():
+        outs += eng.step()
+    final = outs[-1].outputs[0]
+    assert final.token_ids == full[: first + 1] and final.finish_reason == "stop" and final.stop_reason == stop_at
+    assert len(final.logprobs) == len(final.token_ids)
+    for tok, lp in zip(final.token_ids, final.logprobs):
+        assert tok in lp and len(lp) >= 3
+        assert max(lp.values()) == pytest.approx(lp[tok])  # greedy picks the most likely
+        assert all(v <= 0 for v in lp.values()) and math.isfinite(lp[tok])
