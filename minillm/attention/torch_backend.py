@@ -1,9 +1,9 @@
 """The reference attention backend in plain PyTorch; also the CPU fast path.
 
 Decode sequences are batched: their keys are gathered from the pool through
-the block tables into one padded tensor and attended with two batched
-matmuls. GQA is handled by viewing the query heads as [kv_heads, group] so
-each K/V head is read once for its whole group (no repeat_interleave).
+the block tables into one padded tensor and attended with one
+scaled_dot_product_attention call; with enable_gqa each K/V head serves its
+whole group of query heads (no repeat_interleave).
 Prefill chunks go one sequence at a time through scaled_dot_product_attention;
 a chunk that starts at position 0 with nothing cached uses its own K/V and the
 fused causal kernel, a chunk after a cached prefix reads the prefix through the
@@ -34,20 +34,24 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) 
 
 def paged_decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, max_len: int, scale: float,
+    seq_lens: torch.Tensor, max_len: int, scale: float, uniform: bool = False,
 ) -> torch.Tensor:
-    """q: [B, H, D], one query per sequence attending to its seq_lens[b] keys."""
-    b, h, d = q.shape
-    kvh = k_cache.shape[2]
-    keys = gather_kv(k_cache, block_tables, max_len).to(q.dtype)  # [B, L, kvh, D]
-    vals = gather_kv(v_cache, block_tables, max_len).to(q.dtype)
-    qg = q.view(b, kvh, h // kvh, d)  # the query heads of one group share a K/V head
-    scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)).float() * scale  # [B, kvh, g, L]
-    pad = torch.arange(max_len, device=q.device)[None, :] >= seq_lens[:, None]
-    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
-    probs = scores.softmax(-1).to(q.dtype)
-    out = torch.matmul(probs, vals.transpose(1, 2))  # [B, kvh, g, D]
-    return out.reshape(b, h, d)
+    """q: [B, H, D], one query per sequence attending to its seq_lens[b] keys.
+
+    Keys are gathered into a [B, max_len] padded batch; padding is masked out
+    unless every sequence has the same length (`uniform`, e.g. batch 1), which
+    lets SDPA take its unmasked path.
+    """
+    keys = gather_kv(k_cache, block_tables, max_len).transpose(1, 2)  # [B, kvh, L, D]
+    vals = gather_kv(v_cache, block_tables, max_len).transpose(1, 2)
+    if keys.dtype != q.dtype:
+        keys, vals = keys.to(q.dtype), vals.to(q.dtype)
+    mask = None
+    if not uniform:
+        mask = (torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None])[:, None, None, :]
+    # enable_gqa: each K/V head serves its group of query heads without being repeated
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, vals, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.squeeze(2)
 
 
 def prefill_one(
@@ -77,10 +81,10 @@ class TorchAttentionBackend:
         nd = meta.num_decode_seqs
         parts = []
         if nd:
-            max_len = max(meta.seq_lens_list[:nd])
-            parts.append(
-                paged_decode(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], max_len, scale)
-            )
+            lens = meta.seq_lens_list[:nd]
+            max_len = max(lens)
+            parts.append(paged_decode(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
+                                      max_len, scale, uniform=min(lens) == max_len))
         start = nd
         for i in range(nd, meta.num_seqs):
             lq, sl = meta.query_lens_list[i], meta.seq_lens_list[i]

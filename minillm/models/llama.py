@@ -39,17 +39,19 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
         self.backend: AttentionBackend | None = None
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
-        q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim)
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        qk_size = self.q_size + self.kv_size
+        # q and k heads side by side: [t, heads + kv_heads, head_dim], rotated in one call
+        qk = qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+        v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q), self.rotary(positions, k)
+            qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), dim=1)
+        qk = self.rotary.apply(qk, *rope)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         assert self.backend is not None, "the model runner must attach an attention backend"
-        o = self.backend.forward(q, k, v.contiguous(), self.k_cache, self.v_cache, meta, self.scale)
+        o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -63,7 +65,7 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        positions: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
         x: torch.Tensor,
         residual: torch.Tensor | None,
         meta: AttentionMetadata,
@@ -72,7 +74,7 @@ class DecoderLayer(nn.Module):
             x, residual = self.input_layernorm(x), x
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, meta)
+        x = self.self_attn(rope, x, meta)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -104,9 +106,10 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Packed tokens in, final hidden states out ([num_tokens, hidden])."""
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.lookup(positions)  # once per step, shared by all layers
         residual = None
         for layer in self.layers:
-            x, residual = layer(positions, x, residual, meta)
+            x, residual = layer(rope, x, residual, meta)
         x, _ = self.norm(x, residual)
         return x
 

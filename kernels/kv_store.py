@@ -1,0 +1,142 @@
+"""Write this step's new keys and values into the paged KV cache.
+
+Algorithm
+---------
+The cache of one layer is ``[num_blocks, block_size, num_kv_heads, head_dim]``
+and token ``t`` goes to flat slot ``slot_mapping[t] = block * block_size +
+offset``. Each program copies a tile of ``BLOCK_T`` tokens; for each token the
+whole ``num_kv_heads x head_dim`` row is one flattened axis of the tile
+(``BLOCK_H * BLOCK_D`` lanes, padded to powers of two and masked), so one
+program moves K and V for several tokens with wide, coalesced accesses. The
+slot is split into (block, offset) so arbitrary cache strides work.
+
+Masks: ``t < T`` drops the ragged last tile, ``h < KVH`` and ``d < HEAD_DIM``
+drop the power-of-two padding, and ``slot >= 0`` lets a caller mark padding tokens with
+slot -1 (nothing is written for them).
+
+Nothing stays in SRAM between tokens: this is a pure gather/scatter, bound by
+memory bandwidth, so its perf report is in GB/s against the measured copy
+bandwidth. Values go through fp32 on the way to the cache dtype because the
+interpreter cannot cast fp16 <-> bf16 directly (it reinterprets the bits), and
+``cast_out`` rounds to nearest-even there as the GPU does.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minillm.kernels._common import cast_out, interpreting, next_pow2
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+    T,
+    s_kt, s_kh, s_kd,  # strides of k (v shares them; the wrapper checks)
+    s_vt, s_vh, s_vd,
+    s_cb, s_co, s_ch, s_cd,  # strides of the caches (k_cache and v_cache share them)
+    KVH: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block (page)
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    t = pid * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    j = tl.arange(0, BLOCK_H * BLOCK_D)  # flattened (head, dim) lane
+    h = j // BLOCK_D
+    d = j % BLOCK_D
+    t_ok = t < T
+    slot = tl.load(slot_ptr + t, mask=t_ok, other=-1).to(tl.int64)
+    row_ok = t_ok & (slot >= 0)
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    mask = row_ok[:, None] & ((h < KVH) & (d < HEAD_DIM))[None, :]
+    t64 = t.to(tl.int64)
+
+    src_k = k_ptr + t64[:, None] * s_kt + (h * s_kh + d * s_kd)[None, :]
+    src_v = v_ptr + t64[:, None] * s_vt + (h * s_vh + d * s_vd)[None, :]
+    dst = (blk * s_cb + off * s_co)[:, None] + (h * s_ch + d * s_cd)[None, :]
+    kv = tl.load(src_k, mask=mask).to(tl.float32)
+    tl.store(kc_ptr + dst, cast_out(kv, kc_ptr.dtype.element_ty), mask=mask)
+    vv = tl.load(src_v, mask=mask).to(tl.float32)
+    tl.store(vc_ptr + dst, cast_out(vv, vc_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_params(T: int, kvh: int, d: int) -> dict:
+    bh, bd = next_pow2(kvh), next_pow2(d)
+    # about 4K lanes per program on a GPU; in the interpreter, fewer bigger programs
+    lanes = 1 << 15 if interpreting() else 1 << 12
+    bt = max(1, min(next_pow2(T), lanes // (bh * bd)))
+    return {"BLOCK_T": bt, "BLOCK_H": bh, "BLOCK_D": bd}
+
+
+def store_kv_cache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """k, v: [T, kv_heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim]; in place."""
+    T, kvh, d = k.shape
+    if T == 0:
+        return
+    assert v.shape == k.shape and k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
+    assert k_cache.shape[2:] == (kvh, d)
+    p = _launch_params(T, kvh, d)
+    grid = (triton.cdiv(T, p["BLOCK_T"]),)
+    _store_kv_kernel[grid](
+        k, v, k_cache, v_cache, slot_mapping,
+        T,
+        *k.stride(), *v.stride(), *k_cache.stride(),
+        KVH=kvh, HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], **p,
+    )
+
+
+def store_kv_cache_ref(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Plain-PyTorch reference: scatter each token's row to its flat slot (slot < 0: skipped)."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    kvh, d = k.shape[1], k.shape[2]
+    k_cache.view(-1, kvh, d)[slots] = k[keep].to(k_cache.dtype)
+    v_cache.view(-1, kvh, d)[slots] = v[keep].to(v_cache.dtype)
+
+
+def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, kv_heads: int = 8,
+                      block_size: int = 16) -> list[tuple]:
+    """(name, kernel, signature, options) for compile checks without a GPU."""
+    from minillm.kernels._common import TRITON_PTR
+
+    p = TRITON_PTR[dtype]
+    bh, bd = next_pow2(kv_heads), next_pow2(head_dim)
+    sig = dict(k_ptr=p, v_ptr=p, kc_ptr=p, vc_ptr=p, slot_ptr="*i64", T="i32",
+               s_kt="i32:16", s_kh="i32:16", s_kd=1, s_vt="i32:16", s_vh="i32:16", s_vd=1,
+               s_cb="i32:16", s_co="i32:16", s_ch="i32:16", s_cd=1,
+               KVH=kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+               BLOCK_T=max(1, 4096 // (bh * bd)), BLOCK_H=bh, BLOCK_D=bd)
+    return [("store_kv_cache", _store_kv_kernel, sig, {"num_warps": 4, "num_stages": 1})]
+
+
+def perf_report(
+    num_tokens: int = 8192, kv_heads: int = 8, head_dim: int = 128, block_size: int = 16,
+    dtype: torch.dtype = torch.bfloat16, roofs: dict | None = None, device: str = "cuda",
+) -> dict:
+    """GPU: time store_kv_cache on a prefill-sized batch; GB/s vs the measured copy roof."""
+    import triton.testing
+
+    num_blocks = num_tokens // block_size * 2
+    k = torch.randn(num_tokens, kv_heads, head_dim, dtype=dtype, device=device)
+    v = torch.randn_like(k)
+    kc = torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+    vc = torch.zeros_like(kc)
+    slots = torch.randperm(num_blocks * block_size, device=device)[:num_tokens]
+    store_kv_cache(k, v, kc, vc, slots)
+    kr, vr = torch.zeros_like(kc), torch.zeros_like(vc)
+    store_kv_cache_ref(k, v, kr, vr, slots)
+    err = max((kc.float() - kr.float()).abs().max().item(), (vc.float() - vr.float()).abs().max().item())
+    ms = triton.testing.do_bench(lambda: store_kv_cache(k, v, kc, vc, slots))
+    nbytes = 4 * k.numel() * k.element_size() + slots.numel() * 8  # read k, v; write both
+    gbs = nbytes / (ms * 1e-3) / 1e9
+    rep = {"kernel": "store_kv_cache", "ok": err == 0.0, "max_abs_err": err, "ms": ms, "GBps": gbs,
+           "shape": {"T": num_tokens, "kvh": kv_heads, "D": head_dim, "dtype": str(dtype)}}
+    if roofs:
+        rep["frac_of_copy_bw"] = gbs / roofs["copy_GBps"]
+    return rep

@@ -1,0 +1,304 @@
+"""Varlen causal prefill attention over the paged KV cache (FlashAttention-2 style forward).
+
+Algorithm
+---------
+Tokens of all sequences are packed; sequence ``s`` owns query rows
+``cu_seqlens_q[s] : cu_seqlens_q[s+1]`` and has ``seq_lens[s]`` keys after this
+step (cached prefix + this chunk, all already stored in the cache). Query ``i``
+of the chunk sits at absolute position ``ctx + i`` with ``ctx = seq_len -
+query_len`` and sees keys ``0 .. ctx + i``. Because keys are always read
+through the block table, a fresh prompt, a later chunk of a chunked prefill
+and a prompt whose prefix came from the prefix cache are the same case.
+
+One program owns one (query head, tile of ``BLOCK_M`` queries, sequence). Its
+``[BLOCK_M, BLOCK_D]`` query tile stays in registers; it streams the keys in
+tiles of ``BLOCK_N``: each K/V row is gathered from its page (block id from
+the block table, ``pos // block_size``; offset ``pos % block_size``), scores
+``S = Q K^T`` come from ``tl.dot`` with fp32 accumulation, and the online
+softmax (base 2, ``qk_scale = scale * log2 e``) keeps per-row running max
+``m``, sum ``l`` and unnormalised output ``acc``::
+
+    m_new = max(m, rowmax(S));  P = 2^(S - m_new);  c = 2^(m - m_new)
+    l = c * l + rowsum(P);      acc = c * acc + P V;  m = m_new
+
+and finally ``out = acc / l``. Only Q, acc, m, l and the current K/V tile are
+on chip; the ``[M, N]`` score matrix is never written to memory.
+
+Masks: the key loop has two phases. Keys below the first query position of the
+tile are visible to every row, so those whole tiles run with no causal mask
+(the FA-2 trick that makes most tiles cheap). The remaining tiles, up to the
+last query's position, apply ``key_pos <= q_pos`` and ``key_pos < seq_len``.
+Padded query rows (past the chunk) and padded head-dim lanes are masked on
+load/store. Every row sees key 0 in its first tile, so ``m`` is finite after
+the first tile and no ``-inf - -inf`` NaN can appear.
+
+GQA: query head ``h`` reads kv head ``h // GROUP``. Heads are the fastest grid
+axis, so the programs of one group run together and share the K/V tiles
+through L2.
+
+Dtypes as in paged_decode: narrow tiles feed tensor cores on a GPU; under the
+interpreter (and for fp32 caches) tiles are widened to fp32 after the load.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minillm.kernels._common import cast_out, compute_in_f32, interpreting, next_pow2
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_tiles(
+    acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, bt_row, head_off, d_ok, seq_len, qk_scale,
+    s_cb, s_co, lo, hi,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, F32: tl.constexpr, MASKED: tl.constexpr,
+):
+    """Online-softmax update of (acc, l, m) with the keys in [lo, hi)."""
+    n = tl.arange(0, BLOCK_N)
+    for n0 in range(lo, hi, BLOCK_N):
+        pos = n0 + n
+        if MASKED:
+            k_ok = pos < seq_len
+            blk = tl.load(bt_row + pos // PAGE, mask=k_ok, other=0).to(tl.int64)
+        else:
+            blk = tl.load(bt_row + pos // PAGE).to(tl.int64)
+        row = blk * s_cb + (pos % PAGE) * s_co
+        ptr_off = row[:, None] + head_off[None, :]
+        if MASKED:
+            k = tl.load(kc_ptr + ptr_off, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(kc_ptr + ptr_off, mask=d_ok[None, :], other=0.0)
+        if F32:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [BLOCK_M, BLOCK_N]
+        if MASKED:
+            vis = (pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+            s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(vc_ptr + ptr_off, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        else:
+            v = tl.load(vc_ptr + ptr_off, mask=d_ok[None, :], other=0.0)
+        if F32:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, sl_ptr, o_ptr,
+    s_qt, s_qh, s_qd,
+    s_cb, s_co, s_ch, s_cd,
+    s_btb,
+    s_ot, s_oh, s_od,
+    qk_scale, first_seq,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr, F32: tl.constexpr,
+):
+    h = tl.program_id(0)
+    seq = tl.program_id(2) + first_seq
+    q_start = tl.load(cu_ptr + seq)
+    q_len = tl.load(cu_ptr + seq + 1) - q_start
+    n_tiles = tl.cdiv(q_len, BLOCK_M)
+    if tl.program_id(1) >= n_tiles:
+        return
+    tile = n_tiles - 1 - tl.program_id(1)  # launch the longest (last) tiles first
+    seq_len = tl.load(sl_ptr + seq)
+    ctx = seq_len - q_len  # absolute position of the chunk's first query
+
+    m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    m_ok = m < q_len
+    d_ok = d < HEAD_DIM
+    q_rows = (q_start + m).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * s_qt + h * s_qh + d[None, :] * s_qd,
+                mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    if not F32:
+        q = q.to(kc_ptr.dtype.element_ty)
+    q_pos = ctx + m
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * s_btb
+    head_off = (h // GROUP) * s_ch + d * s_cd
+
+    first_pos = ctx + tile * BLOCK_M
+    full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # keys < full_end are seen by every row
+    hi = tl.minimum(first_pos + BLOCK_M, seq_len)  # one past the last query's position
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, bt_row, head_off, d_ok,
+                                  seq_len, qk_scale, s_cb, s_co, 0, full_end,
+                                  BLOCK_N, PAGE, F32, False)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, bt_row, head_off, d_ok,
+                                  seq_len, qk_scale, s_cb, s_co, full_end, hi,
+                                  BLOCK_N, PAGE, F32, True)
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + q_rows[:, None] * s_ot + h * s_oh + d[None, :] * s_od,
+             cast_out(out, o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+
+
+_GPU_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+    for bm, bn, w, st in [
+        (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (128, 32, 4, 3),
+        (64, 64, 4, 3), (64, 64, 4, 4), (64, 32, 4, 4), (32, 32, 4, 3),
+    ]
+]
+_GPU_DEFAULT = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}  # for the compile check
+_tuned: dict[int, object] = {}  # one autotuner per query-length bucket: short chunks tune apart
+
+
+def _kernel_launcher(max_q: int):
+    """Returns (kernel with grid bound later, fixed meta-params, BLOCK_M for the grid or None)."""
+    if interpreting():
+        bm = min(64, next_pow2(max_q, 16))
+        return _prefill_kernel, {"BLOCK_M": bm, "BLOCK_N": 64}
+    bucket = min(next_pow2(max_q, 16), 4096)
+    if bucket not in _tuned:
+        _tuned[bucket] = triton.autotune(_GPU_CONFIGS, key=["BLOCK_D", "PAGE", "GROUP"])(_prefill_kernel)
+    return _tuned[bucket], {}
+
+
+def prefill_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, *,
+    out: torch.Tensor | None = None, max_query_len: int | None = None, first_seq: int = 0,
+) -> torch.Tensor:
+    """q [T,H,D] packed; cu_seqlens_q int32 [S+1]; seq_lens int32 [S]; block_tables int32 [S, max_blocks].
+
+    Returns [T,H,D] in q's dtype. Only sequences ``first_seq..S-1`` are computed
+    (their rows of ``out``), so a caller can hand the decode sequences to the
+    decode kernel. ``max_query_len`` sizes the grid; pass it to avoid a device sync.
+    """
+    T, H, D = q.shape
+    kvh = k_cache.shape[2]
+    assert k_cache.shape[3] == D and H % kvh == 0
+    if out is None:
+        out = torch.empty_like(q)
+    num_seqs = seq_lens.shape[0] - first_seq
+    if T == 0 or num_seqs <= 0:
+        return out
+    if max_query_len is None:
+        max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1])[first_seq:].max())
+    kernel, extra = _kernel_launcher(max_query_len)
+
+    def grid(meta):
+        return (H, triton.cdiv(max_query_len, meta["BLOCK_M"]), num_seqs)
+
+    kernel[grid](
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out,
+        *q.stride(), *k_cache.stride(), block_tables.stride(0), *out.stride(),
+        scale * LOG2E, first_seq,
+        HEAD_DIM=D, GROUP=H // kvh, BLOCK_D=next_pow2(D, 16), PAGE=k_cache.shape[1],
+        F32=compute_in_f32(k_cache.dtype), **extra,
+    )
+    return out
+
+
+def prefill_attention_ref(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """Plain PyTorch, one sequence at a time, fp32 math, explicit offset-causal mask."""
+    T, H, D = q.shape
+    kvh, bs = k_cache.shape[2], k_cache.shape[1]
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    for s, n in enumerate(seq_lens.tolist()):
+        a, b = cu[s], cu[s + 1]
+        if a == b:
+            continue
+        pos = torch.arange(n, device=q.device)
+        blocks = block_tables[s].long()[pos // bs]
+        k = k_cache[blocks, pos % bs].float().repeat_interleave(H // kvh, dim=1)  # [n, H, D]
+        v = v_cache[blocks, pos % bs].float().repeat_interleave(H // kvh, dim=1)
+        qpos = torch.arange(n - (b - a), n, device=q.device)
+        scores = torch.einsum("qhd,khd->hqk", q[a:b].float(), k) * scale
+        scores.masked_fill_(pos[None, None, :] > qpos[None, :, None], float("-inf"))
+        out[a:b] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(q.dtype)
+    return out
+
+
+def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, group: int = 4,
+                      block_size: int = 16, configs: list | None = None) -> list[tuple]:
+    """(name, kernel, signature, options) for compile checks without a GPU."""
+    from minillm.kernels._common import TRITON_PTR
+
+    p = TRITON_PTR[dtype]
+    configs = configs or [_GPU_DEFAULT]
+    specs = []
+    for c in configs:
+        sig = dict(q_ptr=p, kc_ptr=p, vc_ptr=p, bt_ptr="*i32", cu_ptr="*i32", sl_ptr="*i32", o_ptr=p,
+                   s_qt="i32:16", s_qh="i32:16", s_qd=1, s_cb="i32:16", s_co="i32:16", s_ch="i32:16", s_cd=1,
+                   s_btb="i32", s_ot="i32:16", s_oh="i32:16", s_od=1, qk_scale="fp32", first_seq="i32",
+                   HEAD_DIM=head_dim,
+                   GROUP=group, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=next_pow2(head_dim, 16),
+                   PAGE=block_size, F32=dtype == torch.float32)
+        opts = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
+        tile = f"{c['BLOCK_M']}x{c['BLOCK_N']},w{c['num_warps']},s{c['num_stages']}"
+        specs.append((f"prefill[D{head_dim},G{group},{tile}]", _prefill_kernel, sig, opts))
+    return specs
+
+
+def all_gpu_configs() -> list[dict]:
+    return [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for c in _GPU_CONFIGS]
+
+
+def perf_report(
+    seq_len: int = 4096, batch: int = 1, heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
+    block_size: int = 16, dtype: torch.dtype = torch.bfloat16, roofs: dict | None = None, device: str = "cuda",
+) -> dict:
+    """GPU: causal prefill of ``batch`` prompts of ``seq_len`` tokens; TFLOP/s vs SDPA and the matmul roof."""
+    import torch.nn.functional as F
+    import triton.testing
+
+    nblk = triton.cdiv(seq_len, block_size)
+    pool = batch * nblk + 1
+    kc = torch.randn(pool, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(pool, device=device)[: batch * nblk].view(batch, nblk).to(torch.int32)
+    sl = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
+    cu = torch.arange(0, batch + 1, dtype=torch.int32, device=device) * seq_len
+    q = torch.randn(batch * seq_len, heads, head_dim, dtype=dtype, device=device)
+    scale = head_dim**-0.5
+
+    def fn():
+        return prefill_attention(q, kc, vc, cu, sl, bt, scale, max_query_len=seq_len)
+
+    # correctness on the first 256 queries of sequence 0 would not test the causal tail; check all of it
+    out = fn()
+    ref = prefill_attention_ref(q[:seq_len], kc, vc, cu[:2], sl[:1], bt[:1], scale)
+    err = (out[:seq_len].float() - ref.float()).abs().max().item()
+    ms = triton.testing.do_bench(fn)
+    # SDPA on the same (contiguous, unpaged) K/V: the peer to beat
+    pos = torch.arange(seq_len, device=device)
+    kd = kc[bt[0].long()[pos // block_size], pos % block_size].transpose(0, 1)[None]
+    vd = vc[bt[0].long()[pos // block_size], pos % block_size].transpose(0, 1)[None]
+    qd = q[:seq_len].transpose(0, 1)[None]
+    kd, vd = kd.repeat_interleave(heads // kv_heads, 1), vd.repeat_interleave(heads // kv_heads, 1)
+    sdpa_ms = batch * triton.testing.do_bench(
+        lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scale))
+    flops = batch * 4 * heads * head_dim * seq_len * seq_len / 2  # causal: half of QK^T and PV
+    rep = {"kernel": "prefill", "ok": err < 2e-2, "max_abs_err": err, "ms": ms, "TFLOPs": flops / ms / 1e9,
+           "sdpa_ms": sdpa_ms, "frac_of_sdpa": sdpa_ms / ms,
+           "shape": {"B": batch, "L": seq_len, "H": heads, "kvh": kv_heads, "D": head_dim,
+                     "block_size": block_size, "dtype": str(dtype)}}
+    try:
+        from flash_attn import flash_attn_func  # optional peer
+
+        fa_ms = batch * triton.testing.do_bench(
+            lambda: flash_attn_func(qd.transpose(1, 2), kd.transpose(1, 2), vd.transpose(1, 2), causal=True))
+        rep["flash_attn_ms"], rep["frac_of_flash_attn"] = fa_ms, fa_ms / ms
+    except Exception:  # not installed or unsupported here
+        pass
+    if roofs:
+        rep["frac_of_matmul_roof"] = rep["TFLOPs"] / roofs["matmul_TFLOPs"]
+    return rep
