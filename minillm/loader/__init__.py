@@ -1,0 +1,40 @@
+"""Model loading: a Hugging Face folder or a GGUF file -> LoadedModel (model, tokenizer, config).
+
+    load_model()                      the default model (SmolLM2-135M-Instruct GGUF)
+    load_model("path/to/folder")      config.json + safetensors + tokenizer.json
+    load_model("path/to/model.gguf")  llama.cpp's format, dequantized
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from minillm.loader.base import SUPPORTED_MODEL_TYPES, LoadedModel, ModelLoadError
+from minillm.loader.default import default_model_path
+
+__all__ = ["LoadedModel", "ModelLoadError", "SUPPORTED_MODEL_TYPES", "default_model_path", "load_model"]
+
+
+def load_model(
+    path: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> LoadedModel:
+    """Load a model for inference: eval mode, weights in dtype on device.
+
+    Raises FileNotFoundError if path does not exist and ModelLoadError (a
+    ValueError naming the file and the problem) if it cannot be used.
+    """
+    p = Path(path if path is not None else default_model_path()).expanduser().resolve()
+    if not p.exists():
+        raise FileNotFoundError(f"no model at {p}")
+    if p.is_dir():
+        from minillm.loader.hf import load_hf_folder
+
+        return load_hf_folder(p, dtype, device)
+    if p.suffix.lower() == ".gguf":
+        from minillm.loader.gguf import load_gguf
+
+        return load_gguf(p, dtype, device)
+    raise ModelLoadError(str(p), "expected a Hugging Face model folder or a .gguf file")

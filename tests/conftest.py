@@ -1,0 +1,35 @@
+"""Shared fixtures. Loading the default model is the expensive part: once per session."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tests import shared builders as `tests.helpers...`; make the checkout root importable
+# however pytest was started (`pytest`, `python -m pytest`, from another directory).
+# (`pythonpath = ["."]` under [tool.pytest.ini_options] would do the same.)
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """minillm's LoadedModel of the default GGUF (SmolLM2-135M-Instruct), float32, CPU."""
+    from minillm.loader import load_model
+
+    return load_model(dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def hf_default_reference():
+    """transformers' own load of the same GGUF (it dequantizes too): our logits reference."""
+    from transformers import AutoModelForCausalLM
+
+    from minillm.loader import default_model_path
+
+    path = Path(default_model_path())
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
