@@ -48,13 +48,21 @@ def chat_ids(tok, q):
 
 @torch.inference_mode()
 def hf_greedy(hf_model, ids, n):
-    """transformers' greedy generate for exactly n tokens (end-of-sequence disabled on both sides)."""
-    from transformers import GenerationConfig
+    """Greedy decoding with transformers' own forward and KV cache, exactly n tokens.
 
-    cfg = GenerationConfig(do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0)
-    out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                            generation_config=cfg)
-    return out[0, len(ids):].tolist()
+    (generate() would stop at the model's end-of-sequence token whatever we pass.)
+    """
+    import inspect
+
+    cache_kw = "cache" if "cache" in inspect.signature(hf_model.forward).parameters else "past_key_values"
+    out = hf_model(torch.tensor([ids]), use_cache=True)
+    toks = []
+    while True:
+        toks.append(int(out.logits[0, -1].argmax()))
+        if len(toks) == n:
+            return toks
+        past = getattr(out, "cache", None) or out.past_key_values
+        out = hf_model(torch.tensor([[toks[-1]]]), use_cache=True, **{cache_kw: past})
 
 
 def test_greedy_64_tokens_match_transformers(default_model, hf_default_reference):
@@ -63,6 +71,7 @@ def test_greedy_64_tokens_match_transformers(default_model, hf_default_reference
     mismatches = []
     for q, p, o in zip(QUESTIONS, prompts, ours):
         ref = hf_greedy(hf_default_reference, p, 64)
+        assert len(ref) == 64, "transformers stopped early"
         if o != ref:
             first = next(i for i, (a, b) in enumerate(zip(o, ref)) if a != b)
             mismatches.append(f"{q!r}: first difference at token {first}")
