@@ -123,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         from minillm.bench.cli import main as bench_main
 
         return bench_main(argv[1:])
+    if argv and argv[0] == "serve":
+        from minillm.server.cli import main as serve_main
+
+        return serve_main(argv[1:])
     ap = argparse.ArgumentParser(prog="minillm", description="a compact LLM inference engine to learn from")
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="stream one completion")
@@ -144,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     _sampling_args(d, 48)
     d.set_defaults(fn=cmd_demo)
     sub.add_parser("bench", help="benchmarks: minillm bench {latency,throughput} --help")
+    sub.add_parser("serve", help="OpenAI-compatible server: minillm serve --help")
     a = ap.parse_args(argv)
     return a.fn(a)
 

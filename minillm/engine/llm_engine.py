@@ -77,7 +77,8 @@ class LLMEngine:
             # without chunking a prompt must fit one step's budget
             self.max_model_len = sc.max_num_batched_tokens
         self.requests: dict[str, Request] = {}
-        self.trace: list[tr.StepTrace] = []
+        self.trace: list[tr.StepTrace] = []  # a long-running server may trim it; steps keep counting
+        self._num_steps = 0
         self._seq_ids = itertools.count()
         self._pending = _Pending()
         self._weight_bytes_per_param = model.embed_tokens.weight.element_size()
@@ -274,7 +275,7 @@ class LLMEngine:
         holders = self.scheduler.running
         pending, self._pending = self._pending, _Pending()
         self.trace.append(tr.StepTrace(
-            step=len(self.trace), start_time=t0, duration_s=t1 - t0,
+            step=self._num_steps, start_time=t0, duration_s=t1 - t0,
             scheduled=tuple(scheduled), num_prefill_tokens=pre, num_decode_tokens=dec, num_spec_tokens=0,
             token_budget=self.scheduler_config.max_num_batched_tokens,
             max_num_seqs=self.scheduler_config.max_num_seqs,
@@ -298,6 +299,7 @@ class LLMEngine:
             weight_bytes=cost.weight_bytes if cost else 0.0,
             kv_read_bytes=cost.kv_read_bytes if cost else 0.0, kv_write_bytes=cost.kv_write_bytes if cost else 0.0,
         ))
+        self._num_steps += 1
 
     # ----- conveniences -------------------------------------------------------------------
     def live_sequences(self) -> list[Sequence]:

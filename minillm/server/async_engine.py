@@ -1,0 +1,250 @@
+"""AsyncEngine: one thread owns the LLMEngine; asyncio handlers talk to it through a queue.
+
+The engine is not thread-safe, so every add_request, abort_request and step()
+happens on this one thread, in the order the commands arrived:
+
+    handler (asyncio)                      engine thread
+    await add_request(id, ids, params) -->  engine.add_request  (RequestError -> back to the handler)
+    async for out in stream            <--  engine.step() outputs, via loop.call_soon_threadsafe
+    abort(id)  (client went away)      -->  engine.abort_request: its blocks are freed now
+
+After each step the new StepTrace records go to the observers (the
+Prometheus metrics) exactly once; older records are then dropped so a server
+that runs for days does not keep every step in memory.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from minillm.engine.llm_engine import LLMEngine, RequestError
+from minillm.engine.outputs import RequestOutput
+from minillm.engine.trace import StepTrace
+from minillm.sampling_params import SamplingParams
+
+log = logging.getLogger("minillm.server")
+
+TraceObserver = Callable[[Sequence[StepTrace]], None]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped (shut down, or a step raised): no request can make progress."""
+
+
+class RequestStream:
+    """The outputs of one request, delivered into the asyncio loop that asked for it.
+
+    Each output is cumulative (all text and tokens so far), so when the client
+    reads slower than the engine steps only the newest output matters.
+    """
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self.loop = loop
+        self.accepted: asyncio.Future[None] = loop.create_future()
+        self.finished = False
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    # --- called on the engine thread ---
+    def _push(self, item: RequestOutput | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def _resolve(self, error: BaseException | None) -> None:
+        def settle() -> None:
+            if self.accepted.done():  # the handler was cancelled meanwhile
+                return
+            if error is None:
+                self.accepted.set_result(None)
+            else:
+                self.accepted.set_exception(error)
+
+        self.loop.call_soon_threadsafe(settle)
+
+    # --- called on the asyncio loop ---
+    async def next(self) -> RequestOutput:
+        """The newest output (waits for one); raises EngineDeadError if the engine stopped."""
+        item = await self._queue.get()
+        while not self._queue.empty() and not isinstance(item, BaseException):
+            item = self._queue.get_nowait()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+    def __aiter__(self):
+        return self._iterate()
+
+    async def _iterate(self):
+        while not self.finished:
+            yield await self.next()
+
+
+@dataclass
+class _Add:
+    stream: RequestStream
+    prompt: list[int] | str
+    params: SamplingParams
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, observers: Sequence[TraceObserver] = (),
+                 trace_window: int | None = 1024) -> None:
+        self.engine = engine
+        self.observers = list(observers)
+        self.trace_window = trace_window  # records kept after observing (None: keep all)
+        self.error: BaseException | None = None
+        self._commands: queue.SimpleQueue[_Add | _Abort | object] = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}
+        self._lock = threading.Lock()  # guards _streams and _closed (both threads touch them)
+        self._closed = False  # set once by the engine thread as it exits
+        self._thread: threading.Thread | None = None
+        self._seen = len(engine.trace)  # trace records already given to observers
+
+    # ----- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        if self._thread is not None:
+            self._commands.put(_STOP)
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.error is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_unfinished(self) -> int:
+        """Requests accepted (or being added) and not finished yet: the server's queue length."""
+        with self._lock:
+            return len(self._streams)
+
+    # ----- asyncio side -------------------------------------------------------------------
+    async def add_request(self, request_id: str, prompt: list[int] | str, params: SamplingParams) -> RequestStream:
+        """Queue a request; returns once the engine took it. Raises RequestError/ValueError for bad input."""
+        stream = RequestStream(request_id, asyncio.get_running_loop())
+        with self._lock:
+            if self._closed or self._thread is None:
+                why = f" ({self.error!r})" if self.error else ""
+                raise EngineDeadError(f"the engine is not running{why}")
+            if request_id in self._streams:
+                raise RequestError(f"request id {request_id!r} is already in the engine")
+            self._streams[request_id] = stream
+        self._commands.put(_Add(stream, prompt, params))
+        try:
+            await stream.accepted
+        except asyncio.CancelledError:
+            self.abort(request_id)  # runs after the add on the engine thread: nothing leaks
+            raise
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its blocks (a no-op if it already finished)."""
+        self._commands.put(_Abort(request_id))
+
+    # ----- engine thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        eng = self.engine
+        try:
+            while True:
+                commands = self._take_commands(block=not eng.has_unfinished_requests())
+                if any(c is _STOP for c in commands):
+                    return
+                aborted = [c.request_id for c in commands if isinstance(c, _Abort)]
+                for c in commands:
+                    self._apply(c)
+                # A step with nothing to run still records arrivals and aborts in the trace. Observers
+                # go first, and aborted requests count as unfinished until then: once a client sees its
+                # request end, /metrics already shows it.
+                if commands or eng.has_unfinished_requests():
+                    outputs = eng.step()
+                    self._observe()
+                    self._deliver(outputs)
+                self._forget(aborted)
+        except BaseException as e:  # a failed step leaves the engine in an unknown state: stop serving
+            log.exception("engine step failed; the server stops accepting requests")
+            self.error = e
+        finally:
+            self._fail_all(EngineDeadError(f"engine stopped: {self.error!r}" if self.error else "server shutting down"))
+
+    def _take_commands(self, block: bool) -> list[object]:
+        out: list[object] = []
+        if block:  # idle: sleep until a command arrives
+            out.append(self._commands.get())
+        while True:
+            try:
+                out.append(self._commands.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _apply(self, c: object) -> None:
+        if isinstance(c, _Add):
+            rid = c.stream.request_id
+            try:
+                self.engine.add_request(rid, c.prompt, c.params)
+            except Exception as e:  # refused up front: nothing entered the engine
+                with self._lock:
+                    self._streams.pop(rid, None)
+                c.stream._resolve(e)
+                return
+            c.stream._resolve(None)
+        elif isinstance(c, _Abort):
+            self.engine.abort_request(c.request_id)
+
+    def _forget(self, request_ids: list[str]) -> None:
+        if request_ids:
+            with self._lock:
+                for rid in request_ids:
+                    self._streams.pop(rid, None)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            with self._lock:
+                stream = self._streams.pop(out.request_id) if out.finished else self._streams.get(out.request_id)
+            if stream is None:  # aborted: nobody is listening
+                continue
+            try:
+                stream._push(out)
+            except RuntimeError:  # its event loop is closed: nobody will read it
+                self.engine.abort_request(out.request_id)
+                with self._lock:
+                    self._streams.pop(out.request_id, None)
+
+    def _observe(self) -> None:
+        trace = self.engine.trace
+        new = trace[self._seen :]
+        for obs in self.observers:
+            try:
+                obs(new)
+            except Exception:  # a broken view must not stop serving
+                log.exception("trace observer %r failed", obs)
+        w = self.trace_window
+        if w is not None and len(trace) > 2 * w:
+            del trace[: len(trace) - w]
+        self._seen = len(trace)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            streams, self._streams, self._closed = list(self._streams.values()), {}, True
+        for s in streams:
+            try:
+                s._resolve(error)  # a no-op if it was already accepted
+                s._push(error)
+            except RuntimeError:  # its loop is closed
+                pass

@@ -1,0 +1,64 @@
+"""`minillm serve`: load a model, build the engine, serve the OpenAI-compatible API with uvicorn.
+
+    minillm serve --port 8000                      # SmolLM2-135M-Instruct, the default model
+    curl localhost:8000/v1/completions -H 'content-type: application/json' \\
+         -d '{"model": "SmolLM2-135M-Instruct", "prompt": "Hello", "max_tokens": 16}'
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minillm serve", description="an OpenAI-compatible server for minillm")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct GGUF)")
+    p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: from --model)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    p.add_argument("--max-num-seqs", type=int, default=128)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--kv-cache-mb", type=int, default=None, help="KV pool budget in MiB")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--max-queue-len", type=int, default=1024,
+                   help="waiting + running requests beyond which new ones get HTTP 429")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    return p
+
+
+def served_name(args: argparse.Namespace) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    return Path(args.model).name if args.model else DEFAULT_MODEL_NAME
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.max_queue_len < 1:
+        raise SystemExit("--max-queue-len must be >= 1")
+    import uvicorn
+
+    from minillm import LLM
+    from minillm.server.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    llm = LLM(args.model, dtype=args.dtype, attention_backend=args.attention_backend,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              max_model_len=args.max_model_len, block_size=args.block_size,
+              kv_cache_memory_bytes=None if args.kv_cache_mb is None else args.kv_cache_mb * 2**20,
+              enable_prefix_caching=not args.no_prefix_caching)
+    app = create_app(llm.engine, llm.tokenizer, served_name(args), max_queue_len=args.max_queue_len)
+    # open streams would otherwise hold a Ctrl-C shutdown forever; after 5 s they are cut (and aborted)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

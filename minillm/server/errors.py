@@ -1,0 +1,27 @@
+"""OpenAI-style errors: one exception type, one JSON body shape.
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature", "code": null}}
+"""
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+from minillm.server.protocol import ErrorInfo, ErrorResponse
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> ErrorResponse:
+        return ErrorResponse(error=ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code))
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body().model_dump(), status_code=self.status)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
