@@ -49,6 +49,7 @@ class LLM:
         max_num_batched_tokens: int = 2048,
         max_model_len: int | None = None,
         seed: int = 0,
+        compile: bool = False,
     ) -> None:
         from minillm.loader import load_model
 
@@ -66,6 +67,7 @@ class LLM:
             SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                             enable_chunked_prefill=enable_chunked_prefill, max_model_len=max_model_len),
             attention_backend=attention_backend,
+            compile=compile,
         )
         self._ids = itertools.count()
 

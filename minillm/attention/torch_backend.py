@@ -78,6 +78,11 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
     ) -> torch.Tensor:
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if torch.compiler.is_compiling():
+            # Under torch.compile the runner only sends decode-only batches; use tensors alone
+            # (no Python lists) so one graph serves every batch size and context length.
+            max_len = meta.block_tables.shape[1] * k_cache.shape[1]
+            return paged_decode(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, max_len, scale)
         nd = meta.num_decode_seqs
         parts = []
         if nd:

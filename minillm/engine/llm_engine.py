@@ -59,6 +59,7 @@ class LLMEngine:
         cache_config: CacheConfig | None = None,
         scheduler_config: SchedulerConfig | None = None,
         attention_backend: str = "torch",
+        compile: bool = False,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -70,7 +71,7 @@ class LLMEngine:
                                  model.rotary.cos.shape[0])
         device = model.embed_tokens.weight.device
         spec = plan_kv_cache(model, self.cache_config, device)
-        self.runner = ModelRunner(model, spec, attention_backend)
+        self.runner = ModelRunner(model, spec, attention_backend, compile=compile)
         self.block_manager = BlockManager(spec.num_blocks, spec.block_size, self.cache_config.enable_prefix_caching)
         self.scheduler = Scheduler(sc, self.block_manager)
         if not sc.enable_chunked_prefill and sc.max_num_batched_tokens < self.max_model_len:

@@ -54,7 +54,9 @@ def plan_kv_cache(model: LlamaForCausalLM, cache: CacheConfig, device: torch.dev
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, spec: KVCacheSpec, attention_backend: str = "torch") -> None:
+    def __init__(
+        self, model: LlamaForCausalLM, spec: KVCacheSpec, attention_backend: str = "torch", compile: bool = False
+    ) -> None:
         self.model = model
         self.spec = spec
         self.device = model.embed_tokens.weight.device
@@ -66,6 +68,13 @@ class ModelRunner:
         self.k_caches = [torch.zeros(shape, dtype=spec.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
         self.v_caches = [torch.zeros(shape, dtype=spec.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
         self.attach()
+        # Decode steps are many small ops (~1,500 per step at batch 1): torch.compile fuses them.
+        # Prefill chunks stay eager; they are few, large and shape-diverse.
+        self.compiled_decode = None
+        if compile:
+            if attention_backend != "torch":
+                raise ValueError("compile=True is implemented for the torch attention backend")
+            self.compiled_decode = torch.compile(model.forward, dynamic=True)
 
     def attach(self) -> None:
         """Point every attention layer at this runner's pool (a model may serve several engines in turn)."""
@@ -94,9 +103,10 @@ class ModelRunner:
             if c.completes:
                 last_rows.append(len(ids) - 1)
         meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.spec.block_size, self.device)
-        hidden = self.model(
-            torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), meta
-        )
+        forward = self.model.forward
+        if self.compiled_decode is not None and meta.num_decode_seqs == meta.num_seqs:
+            forward = self.compiled_decode
+        hidden = forward(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), meta)
         if not last_rows:
             return None
         logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=self.device)])

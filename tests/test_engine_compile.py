@@ -1,0 +1,22 @@
+"""torch.compile'd decode steps give exactly the eager engine's greedy tokens."""
+import pytest
+
+from tests.helpers.engine_utils import greedy, random_prompts, run_to_completion, tiny_model
+from minillm.config import CacheConfig, SchedulerConfig
+from minillm.engine.llm_engine import LLMEngine
+
+
+@pytest.mark.slow
+def test_compiled_decode_matches_eager():
+    model = tiny_model(heads=9, kv_heads=3, head_dim=16)
+    prompts = random_prompts(5, 97, 2, 30, seed=7)
+
+    def go(compile):
+        eng = LLMEngine(model, None, [], CacheConfig(block_size=4, num_blocks=128),
+                        SchedulerConfig(max_num_batched_tokens=32), compile=compile)
+        for i, p in enumerate(prompts):
+            eng.add_request(str(i), p, greedy(12))
+        out = run_to_completion(eng)
+        return [out[str(i)] for i in range(len(prompts))]
+
+    assert go(True) == go(False)
