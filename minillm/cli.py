@@ -114,6 +114,11 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
         dump_trace(llm.trace, a.trace)
         print(f"step trace written to {a.trace}")
+    if a.html:
+        from minillm.visualize.report import write_html_report
+
+        write_html_report(llm.trace, a.html)
+        print(f"HTML report (block table, batch timeline, roofline over the steps) written to {a.html}")
     return 0
 
 
@@ -143,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="a batch of varied prompts through continuous batching, with a summary")
     d.add_argument("--num-prompts", type=int, default=len(DEMO_PROMPTS))
     d.add_argument("--trace", default=None, help="write the step trace as JSONL")
+    d.add_argument("--html", default=None, help="write a self-contained HTML report of the run (needs plotly)")
     d.add_argument("--quiet", action="store_true")
     _engine_args(d)
     _sampling_args(d, 48)

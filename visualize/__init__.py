@@ -1,0 +1,46 @@
+"""Views of the engine's step trace: view models, live widgets, static figures, the HTML report.
+
+View models are pure functions of a list of StepTrace records and a step index
+(no plotly, no engine), so they are unit-tested on recorded or synthetic traces:
+
+    block_table_view(trace, step)   the paged KV pool and each sequence's block table
+    timeline_view(trace, step)      sequences x steps, token counts against the budget
+    roofline_view(trace, roofs, step)  each step under the machine's measured roofs
+
+Renderings (plotly; ipywidgets for the live ones) are imported on first use:
+
+    block_table_figure, timeline_figure, roofline_figure, dashboard_figure  static figures
+    Dashboard(llm)                  live: all three views, Step / Run / slider
+    write_html_report(trace, path)  a self-contained animated HTML report
+    machine_roofs()                 this machine's measured roofs (cached)
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from minillm.visualize.block_view import BlockState, BlockTableView, block_table_view
+from minillm.visualize.roofline_view import Roofs, RooflineView, roofline_view
+from minillm.visualize.timeline_view import SeqState, TimelineView, timeline_view
+
+_LAZY = {
+    "block_table_figure": "minillm.visualize.block_plot",
+    "timeline_figure": "minillm.visualize.timeline_plot",
+    "roofline_figure": "minillm.visualize.roofline_plot",
+    "dashboard_figure": "minillm.visualize.dashboard_plot",
+    "Dashboard": "minillm.visualize.dashboard",
+    "StepController": "minillm.visualize.controller",
+    "write_html_report": "minillm.visualize.report",
+    "machine_roofs": "minillm.visualize.roofs",
+    "engine_roofs": "minillm.visualize.roofs",
+    "show_figure": "minillm.visualize.show",
+}
+
+__all__ = ["BlockState", "BlockTableView", "Roofs", "RooflineView", "SeqState", "TimelineView",
+           "block_table_view", "roofline_view", "timeline_view", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'minillm.visualize' has no attribute {name!r}")

@@ -1,0 +1,154 @@
+"""End to end in a real browser: JupyterLab runs a notebook with the live dashboard, we click Step.
+
+Headless Chromium (Debian's /usr/bin/chromium; Playwright's own browser
+download does not work here) driven by the `playwright` package. JupyterLab
+listens on 127.0.0.1 on a free port with a random token. The test reads the
+plotly graphs' data in the page, so it checks what the reader sees, not
+Python state.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = os.environ.get("MINILLM_CHROMIUM", "/usr/bin/chromium")
+ROOT = Path(__file__).resolve().parent.parent
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set MINILLM_CHROMIUM)",
+                allow_module_level=True)
+
+# With a browser present the rest must be installed too (pip install -e ".[notebooks]"):
+# a missing package is a failure here, not a skip.
+import nbformat  # noqa: E402
+import jupyterlab  # noqa: E402,F401
+from playwright.sync_api import sync_playwright  # noqa: E402  (its own browser download is not needed)
+
+pytestmark = pytest.mark.slow
+
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+
+CELLS = [
+    f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+    "from tests.helpers.engine_utils import greedy, make_engine, tiny_model\n"
+    "from minillm.visualize import Dashboard, Roofs",
+    "engine = make_engine(tiny_model(), num_blocks=24, block_size=4, max_num_seqs=4, max_num_batched_tokens=16)\n"
+    "for i in range(6):\n"
+    "    engine.add_request(f'r{i}', [3 + i] * (6 + i), greedy(40))",
+    # interval_s: Run takes a visible while, so Pause lands while it is still running
+    "dash = Dashboard(engine, roofs=Roofs(20e9, 1e12, 'assumed'), interval_s=0.3)\ndash.step()\ndash",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_server(url: str, proc: subprocess.Popen, timeout: float = 90.0) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"jupyter lab exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"JupyterLab did not answer at {url}")
+
+
+@pytest.fixture()
+def lab(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "dashboard.ipynb")
+    port, token = free_port(), secrets.token_hex(16)
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), OMP_NUM_THREADS="1")
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+         "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly",
+         "--ServerApp.terminals_enabled=False"] + (["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+    )
+    try:
+        wait_for_server(f"http://127.0.0.1:{port}/api/status?token={token}", proc)
+        yield f"http://127.0.0.1:{port}", token
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        if proc.returncode not in (0, -15, None):
+            print((tmp_path / "lab.log").read_text()[-3000:])
+
+
+# JS run in the page: the z data of the plotly graph whose layout.meta names the view
+GRAPH_Z = """meta => {
+  const g = [...document.querySelectorAll('.js-plotly-plot')].find(d => d.layout && d.layout.meta === meta);
+  return g ? JSON.stringify(g.data[0].z) : null;
+}"""
+
+
+def test_step_click_updates_block_table_and_timeline(lab):
+    base, token = lab
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1600})
+            page.goto(f"{base}/lab/tree/dashboard.ipynb?token={token}")
+            page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook')", timeout=90_000)
+            # run every cell once the kernel is up
+            page.wait_for_function(
+                "() => { const w = window.jupyterapp.shell.currentWidget;"
+                " return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
+                " && w.sessionContext.session.kernel.status === 'idle'; }", timeout=90_000)
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            step = page.locator("button.jupyter-button", has_text="Step")
+            step.wait_for(timeout=120_000)
+            page.wait_for_function(f"({GRAPH_Z})('minillm-timeline') !== null", timeout=60_000)
+            page.wait_for_function(f"({GRAPH_Z})('minillm-block-table') !== null", timeout=60_000)
+            pool0 = page.evaluate(GRAPH_Z, "minillm-block-table")
+            grid0 = page.evaluate(GRAPH_Z, "minillm-timeline")
+            assert len(json.loads(grid0)[0]) == 1  # one step recorded so far
+
+            step.click()
+            page.wait_for_function(f"({GRAPH_Z})('minillm-timeline') !== {json.dumps(grid0)}", timeout=60_000)
+            page.wait_for_function(f"({GRAPH_Z})('minillm-block-table') !== {json.dumps(pool0)}", timeout=60_000)
+            grid1 = json.loads(page.evaluate(GRAPH_Z, "minillm-timeline"))
+            assert len(grid1[0]) == 2  # the timeline grew by the step we clicked
+            assert page.locator(".widget-html", has_text="step 1 of 1").count() == 1
+
+            # Run keeps the page responsive: Pause is clickable while steps are being taken
+            run = page.locator("button.jupyter-button", has_text="Run")
+            run.click()
+            page.wait_for_function(f"JSON.parse(({GRAPH_Z})('minillm-timeline'))[0].length >= 4", timeout=60_000)
+            page.locator("button.jupyter-button", has_text="Pause").click()
+            page.locator("button.jupyter-button", has_text="Run").wait_for(timeout=30_000)
+            n_paused = len(json.loads(page.evaluate(GRAPH_Z, "minillm-timeline"))[0])
+            page.wait_for_timeout(1500)
+            assert len(json.loads(page.evaluate(GRAPH_Z, "minillm-timeline"))[0]) == n_paused
+            assert n_paused < 40  # paused long before the requests could finish
+            if os.environ.get("MINILLM_BROWSER_SCREENSHOT"):  # to look at what the reader saw
+                page.screenshot(path=os.environ["MINILLM_BROWSER_SCREENSHOT"], full_page=True)
+        finally:
+            browser.close()

@@ -1,0 +1,79 @@
+"""The live dashboard: block table, batch timeline and roofline sharing one step cursor.
+
+    dash = Dashboard(llm)            # or an LLMEngine; requests already added or added later
+    dash                             # shows the views and Step / Run / slider
+    dash.step(5)                     # what the Step button does, from code
+    await dash.run()                 # what Run does: until the engine is out of work
+
+`Dashboard.from_trace(trace, roofs)` scrubs a recorded trace without an engine.
+"""
+from __future__ import annotations
+
+import ipywidgets as w
+
+from minillm.visualize.block_plot import block_table_figure
+from minillm.visualize.controller import StepController
+from minillm.visualize.roofline_plot import roofline_figure
+from minillm.visualize.roofline_view import Roofs
+from minillm.visualize.timeline_plot import timeline_figure
+from minillm.visualize.widgets import LiveFigure
+
+
+class Dashboard:
+    def __init__(self, engine=None, roofs: Roofs | None = None, trace: list | None = None,
+                 interval_s: float = 0.05) -> None:
+        self.controller = StepController(engine, trace, interval_s)
+        if roofs is None and self.controller.engine is not None:
+            from minillm.visualize.roofs import engine_roofs
+
+            roofs = engine_roofs(self.controller.engine)
+        self.roofs = roofs
+        # the builders read the trace when called: the engine appends to it as it steps
+        self.block_table = LiveFigure(lambda s: block_table_figure(self.trace, s))
+        self.timeline = LiveFigure(lambda s: timeline_figure(self.trace, s))
+        self.roofline = LiveFigure(lambda s: roofline_figure(self.trace, self.roofs, s)) if roofs is not None else None
+        self.controller.observe(self._show)
+        views = [self.block_table.widget] + ([self.roofline.widget] if self.roofline else [])
+        self.widget = w.VBox([
+            self.controller.widget,
+            w.HBox(views, layout=w.Layout(flex_flow="row wrap")),
+            self.timeline.widget,
+        ])
+        if self.controller.trace:
+            self.controller.show(len(self.controller.trace) - 1)
+
+    @property
+    def trace(self) -> list:
+        return self.controller.trace
+
+    @classmethod
+    def from_trace(cls, trace: list, roofs: Roofs | None = None) -> "Dashboard":
+        return cls(None, roofs, trace)
+
+    def _show(self, step: int) -> None:
+        self.block_table.show(step)
+        self.timeline.show(step)
+        if self.roofline is not None:
+            self.roofline.show(step)
+
+    # the controller's verbs, for code cells
+    def step(self, n: int = 1) -> int:
+        return self.controller.step(n)
+
+    async def run(self, max_steps: int | None = None) -> int:
+        return await self.controller.run(max_steps)
+
+    def show(self, step: int) -> None:
+        self.controller.show(step)
+
+    @property
+    def cursor(self) -> int | None:
+        return self.controller.cursor
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        # where widgets cannot run (the static book, a plain notebook viewer) say what is missing
+        bundle["text/html"] = ("<p><em>Live dashboard (Step, Run/Pause, step slider): run this notebook in "
+                               "JupyterLab to drive it. The static figure further down shows the same views.</em></p>")
+        bundle["text/plain"] = f"minillm Dashboard ({len(self.controller.trace)} steps recorded)"
+        return bundle
