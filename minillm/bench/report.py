@@ -1,0 +1,100 @@
+"""The JSON report and its one-screen text summary.
+
+One report holds everything needed to judge a figure later: the machine, the
+versions, the measured roofs, the machine's state before and after, the engine
+settings, the workload, every repeat, medians, ratios and the targets.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+from typing import Any
+
+from minillm.bench.targets import Target
+from minillm.roofline.roofs import Measurement
+
+
+def jsonable(obj: Any) -> Any:
+    """Dataclasses, Targets and Measurements to plain JSON values (NaN becomes null)."""
+    if isinstance(obj, Target):
+        return obj.to_dict()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(obj.to_dict() if hasattr(obj, "to_dict") else dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def build_report(benchmark: str, **sections: Any) -> dict[str, Any]:
+    return jsonable({"benchmark": benchmark, "created": dt.datetime.now().isoformat(timespec="seconds"), **sections})
+
+
+def write_json(report: dict[str, Any], path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+
+
+def _fmt(x: float | None, spec: str = ".3g") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _med(m: Any) -> float | None:
+    return m.median if isinstance(m, Measurement) else (m.get("median") if isinstance(m, dict) else None)
+
+
+def format_targets(targets: list[Target]) -> list[str]:
+    lines = []
+    for t in targets:
+        mark = {True: "PASS", False: "FAIL", None: "----"}[t.passed]
+        lines.append(f"  [{mark}] {t.name}: {_fmt(t.value)} (target >= {t.threshold:g})  {t.description}")
+    return lines
+
+
+def format_latency(summary: dict[str, Any]) -> str:
+    lines = ["batch-1 latency (medians)"]
+    bpt = summary["bytes_per_decode_token"]["value"]
+    lines.append(f"  bytes per decode token: {bpt / 1e6:.1f} MB; bandwidth ceiling "
+                 f"{_fmt(summary['ceiling_decode_tok_s'], '.1f')} tok/s")
+    for name, f in summary["figures"].items():
+        frac = _med(f.get("decode_bandwidth_fraction"))
+        lines.append(
+            f"  {name:13s} decode {_med(f['decode_tok_s']):7.2f} tok/s ({_fmt(frac and frac * 100, '.0f')}% of roof)"
+            f" | prefill {f['prefill_s'].params.get('prompt_len')} tok {_med(f['prefill_s']) * 1e3:8.1f} ms"
+            f" ({_med(f['prefill_tok_s']):7.0f} tok/s)"
+        )
+    for name, r in summary["ratios"].items():
+        lines.append(f"  minillm / {name}: decode x{_fmt(r['decode_tok_s'])} (paired x{_fmt(r['decode_tok_s_paired'])}),"
+                     f" prefill x{_fmt(r['prefill_speed'])} (paired x{_fmt(r['prefill_speed_paired'])})")
+    return "\n".join(lines + ["targets"] + format_targets(summary["targets"]))
+
+
+def format_throughput(summary: dict[str, Any]) -> str:
+    lines = ["throughput (medians; latency percentiles over all requests)"]
+    for name, f in summary["figures"].items():
+        lines.append(
+            f"  {name:13s} output {_med(f['output_tok_s']):8.1f} tok/s, total {_med(f['total_tok_s']):8.1f} tok/s,"
+            f" wall {_med(f['wall_s']):6.1f} s, generated/requested {_fmt(f['generated_per_requested'])}"
+        )
+        ttft, tpot = f["ttft_s"], f["tpot_s"]
+        lines.append(
+            f"  {'':13s} TTFT p50/p90/p99 {_fmt(ttft['p50'])}/{_fmt(ttft['p90'])}/{_fmt(ttft['p99'])} s,"
+            f" TPOT {_fmt(tpot['p50'] * 1e3)}/{_fmt(tpot['p90'] * 1e3)}/{_fmt(tpot['p99'] * 1e3)} ms"
+        )
+    for name, r in summary["ratios"].items():
+        lines.append(f"  minillm / {name}: output x{_fmt(r['output_tok_s'])}, total x{_fmt(r['total_tok_s'])}")
+    return "\n".join(lines + ["targets"] + format_targets(summary["targets"]))
+
+
+def format_roofs(roofs: Any) -> str:
+    lines = [f"machine roofs ({roofs.machine.get('device_name')}, {roofs.machine.get('torch_threads')} threads)",
+             f"  copy bandwidth {roofs.bandwidth.median / 1e9:.1f} GB/s (read-only {roofs.read_bandwidth.median / 1e9:.1f} GB/s)"]
+    for name, m in roofs.matmul.items():
+        lines.append(f"  matmul {name:9s} {m.median / 1e9:.0f} GFLOP/s (n={m.params.get('n')})")
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""Measure, summarize and assemble a report, given subjects that are already loaded.
+
+The CLI loads models and calls these; tests call them with a tiny random model.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from minillm.bench.latency import measure_latency, summarize_latency
+from minillm.roofline.machine_state import MachineState, probe_machine_state, settle
+from minillm.bench.report import build_report
+from minillm.bench.subject import Subject
+from minillm.bench.throughput import measure_throughput, summarize_throughput
+from minillm.bench.workload import LatencyWorkload, ThroughputWorkload
+from minillm.config import ModelConfig
+from minillm.roofline.machine import machine_info
+from minillm.roofline.roofs import Roofs
+
+Log = Callable[[str], None]
+
+
+def _context(roofs: Roofs | None, device: str) -> dict[str, Any]:
+    return {"machine": machine_info(device).to_dict(), "roofs": roofs.to_dict() if roofs else None}
+
+
+def latency_report(
+    subjects: Sequence[Subject], cfg: ModelConfig, dtype: torch.dtype, workload: LatencyWorkload,
+    roofs: Roofs | None, settings: dict[str, Any], repeats: int = 5, prefill_repeats: int = 3,
+    warmup: bool = True, device: str = "cpu", log: Log = lambda s: None,
+    settle: Callable[[], MachineState] = settle,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(JSON report, summary with live objects for printing)."""
+    before = probe_machine_state()
+    runs = measure_latency(subjects, workload, cfg.vocab_size, repeats, prefill_repeats, warmup, log, settle)
+    after = probe_machine_state()
+    summary = summarize_latency(runs, workload, cfg, dtype, roofs.bandwidth_bytes_per_s if roofs else None)
+    report = build_report(
+        "latency", **_context(roofs, device),
+        machine_state={"before": before.to_dict(), "after": after.to_dict()},
+        settings={**settings, "dtype": str(dtype).removeprefix("torch."), "repeats": repeats,
+                  "prefill_repeats": prefill_repeats, "subjects": [s.name for s in subjects]},
+        workload=workload.to_dict(), **summary,
+    )
+    return report, summary
+
+
+def throughput_report(
+    subjects: Sequence[Subject], cfg: ModelConfig, dtype: torch.dtype, workload: ThroughputWorkload,
+    roofs: Roofs | None, settings: dict[str, Any], repeats: int = 1, warmup: bool = True,
+    device: str = "cpu", log: Log = lambda s: None, settle: Callable[[], MachineState] = settle,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    before = probe_machine_state()
+    runs = measure_throughput(subjects, workload, cfg.vocab_size, repeats, warmup, log, settle)
+    after = probe_machine_state()
+    summary = summarize_throughput(runs)
+    report = build_report(
+        "throughput", **_context(roofs, device),
+        machine_state={"before": before.to_dict(), "after": after.to_dict()},
+        settings={**settings, "dtype": str(dtype).removeprefix("torch."), "repeats": repeats,
+                  "subjects": [s.name for s in subjects]},
+        workload=workload.to_dict(), **summary,
+    )
+    return report, summary

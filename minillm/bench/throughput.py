@@ -1,0 +1,79 @@
+"""`minillm bench throughput`: a workload of many requests, all arriving at once.
+
+Output tok/s counts only the tokens the requests asked for (a static-batching
+peer computes more: the padding up to its batch's longest request; that waste
+is reported as generated / requested). Total tok/s adds the prompt tokens.
+TTFT and TPOT percentiles pool every request of every repeat.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from minillm.roofline.machine_state import MachineState, settle
+from minillm.bench.stats import figure, paired_ratio, percentiles, ratio
+from minillm.bench.subject import BatchRun, Subject
+from minillm.bench.targets import THROUGHPUT_VS_TRANSFORMERS, Target, target
+from minillm.bench.workload import ThroughputWorkload
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class SubjectThroughput:
+    runs: list[BatchRun] = field(default_factory=list)
+    stall: list[float] = field(default_factory=list)  # machine-state probe before each repeat
+
+    def figures(self) -> dict[str, Any]:
+        rs = self.runs
+        ttft = [t for r in rs for t in r.ttft_s]
+        tpot = [t for r in rs for t in r.tpot_s]
+        return {
+            "output_tok_s": figure("tok/s", [r.output_tokens / r.wall_s for r in rs]),
+            "total_tok_s": figure("tok/s", [(r.prompt_tokens + r.output_tokens) / r.wall_s for r in rs]),
+            "wall_s": figure("s", [r.wall_s for r in rs]),
+            "requests_per_s": figure("req/s", [len(r.ttft_s) / r.wall_s for r in rs]),
+            "ttft_s": percentiles(ttft),
+            "tpot_s": percentiles(tpot),
+            "prompt_tokens": rs[0].prompt_tokens if rs else 0,
+            "output_tokens": rs[0].output_tokens if rs else 0,
+            "generated_tokens": rs[0].generated_tokens if rs else 0,
+            "generated_per_requested": ratio(rs[0].generated_tokens, rs[0].output_tokens) if rs else None,
+            "num_steps": [r.num_steps for r in rs],
+            "stall_ratio_before_repeat": self.stall,
+        }
+
+
+def measure_throughput(
+    subjects: Sequence[Subject], workload: ThroughputWorkload, vocab_size: int,
+    repeats: int = 1, warmup: bool = True, log: Log = lambda s: None,
+    settle: Callable[[], MachineState] = settle,
+) -> dict[str, SubjectThroughput]:
+    prompts, outs = workload.requests(vocab_size)
+    runs = {s.name: SubjectThroughput() for s in subjects}
+    if warmup:
+        for s in subjects:
+            log(f"warm-up {s.name}")
+            s.serve(prompts[:4], [min(8, n) for n in outs[:4]])
+    for r in range(repeats):
+        for s in subjects if r % 2 == 0 else list(reversed(subjects)):
+            stall = settle().stall_ratio
+            run = s.serve(prompts, outs)
+            runs[s.name].runs.append(run)
+            runs[s.name].stall.append(stall)
+            log(f"serve   {s.name:12s} repeat {r}: {run.output_tokens / run.wall_s:8.1f} output tok/s, "
+                f"{run.wall_s:6.1f} s  (stall {stall:.3g})")
+    return runs
+
+
+def summarize_throughput(runs: dict[str, SubjectThroughput], baseline: str = "minillm") -> dict[str, Any]:
+    figures = {name: sub.figures() for name, sub in runs.items()}
+    base = figures.get(baseline)
+    ratios = {
+        name: {"output_tok_s": ratio(base["output_tok_s"].median, f["output_tok_s"].median),
+               "total_tok_s": ratio(base["total_tok_s"].median, f["total_tok_s"].median),
+               "output_tok_s_paired": paired_ratio(base["output_tok_s"].values, f["output_tok_s"].values)}
+        for name, f in figures.items() if name != baseline and base is not None
+    }
+    targets: list[Target] = [target(THROUGHPUT_VS_TRANSFORMERS, ratios.get("transformers", {}).get("output_tok_s"))]
+    return {"figures": figures, "ratios": ratios, "targets": targets}

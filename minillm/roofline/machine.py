@@ -1,0 +1,107 @@
+"""What machine and software a measurement was taken on.
+
+Benchmarks are only comparable on the same machine and versions, so every
+JSON report carries this record, and the roof cache is keyed by it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import socket
+import sys
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from typing import Any
+
+import torch
+
+_INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
+
+
+def _cpu_model_and_flags() -> tuple[str, list[str]]:
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and model in ("", platform.processor(), platform.machine()):
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    have = set(value.split())
+                    flags = [fl for fl in _INTERESTING_FLAGS if fl in have]
+    except OSError:  # not Linux: keep what platform says
+        pass
+    return model, flags
+
+
+def _memory_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    hostname: str
+    cpu_model: str
+    cpu_flags: list[str]
+    logical_cpus: int
+    torch_threads: int
+    memory_bytes: int | None
+    device: str  # "cpu" or "cuda:0"
+    device_name: str  # the GPU's name, or the CPU model
+    versions: dict[str, str | None] = field(default_factory=dict)
+
+    def cache_key(self) -> str:
+        """Roofs change with the hardware, the thread count and torch's kernels, not with our code."""
+        parts = [self.cpu_model, self.device_name, str(self.torch_threads), str(self.versions.get("torch"))]
+        digest = hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
+        host = "".join(c if c.isalnum() or c in "-_" else "_" for c in self.hostname) or "host"
+        return f"{host}-{digest}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def machine_info(device: str | torch.device = "cpu") -> MachineInfo:
+    dev = torch.device(device)
+    cpu_model, flags = _cpu_model_and_flags()
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        dev_name, dev_str = torch.cuda.get_device_name(index), f"cuda:{index}"
+    else:
+        dev_name, dev_str = cpu_model, "cpu"
+    versions = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "minillm": _version("minillm"),
+        "triton": _version("triton"),
+        "cuda": torch.version.cuda,
+        "platform": platform.platform(),
+    }
+    return MachineInfo(
+        hostname=socket.gethostname(),
+        cpu_model=cpu_model,
+        cpu_flags=flags,
+        logical_cpus=os.cpu_count() or 1,
+        torch_threads=torch.get_num_threads(),
+        memory_bytes=_memory_bytes(),
+        device=dev_str,
+        device_name=dev_name,
+        versions=versions,
+    )

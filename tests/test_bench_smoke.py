@@ -1,0 +1,162 @@
+"""The benchmark harness end to end on a tiny random model: shapes of the JSON, no timing claims."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from minillm.bench.cli import main
+from minillm.bench.hf_subject import HFSubject
+from minillm.bench.minillm_subject import MinillmSubject, greedy, kv_bytes_for
+from minillm.bench.report import jsonable
+from minillm.bench.runner import latency_report, throughput_report
+from minillm.bench.workload import LatencyWorkload, ThroughputWorkload
+from minillm.config import CacheConfig, ModelConfig, SchedulerConfig
+from minillm.engine.llm_engine import LLMEngine
+from minillm.models.llama import LlamaForCausalLM
+from minillm.roofline.roofs import Roofs, get_roofs, measure_roofs
+from tests.helpers.tiny_models import make_tiny_hf_model
+
+TINY_LATENCY = LatencyWorkload(prompt_len=8, output_len=6, prefill_len=40)
+TINY_THROUGHPUT = ThroughputWorkload(num_requests=6, prompt_len_range=(4, 20), output_len_range=(2, 7))
+SMALL_ROOFS = dict(copy_bytes=4 * 2**20, matmul_n=64, repeats=3)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: on a shared 2-core machine a busy core stalls every 2-thread op by ~12 ms."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """(folder, minillm subject, transformers subject) over the same random weights."""
+    folder, hf = make_tiny_hf_model(tmp_path_factory.mktemp("bench"), "llama")
+    cfg = ModelConfig.from_hf_dict(hf.config.to_dict())
+    model = LlamaForCausalLM(cfg).eval()
+    model.load_weights(hf.state_dict().items())
+    engine = LLMEngine(model, None, [], CacheConfig(block_size=4, num_blocks=128, enable_prefix_caching=False),
+                       SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64))
+    return folder, MinillmSubject(engine), HFSubject(hf, pad_token_id=0, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def roofs() -> Roofs:
+    return measure_roofs("cpu", **SMALL_ROOFS)
+
+
+def _positive_figure(f: dict) -> None:
+    assert f["values"] and all(v > 0 for v in f["values"])
+    assert f["median"] > 0
+
+
+def test_roofs_are_measured_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINILLM_CACHE_DIR", str(tmp_path))
+    first = get_roofs("cpu", **SMALL_ROOFS)
+    files = list(tmp_path.glob("roofs-*.json"))
+    assert len(files) == 1
+    again = get_roofs("cpu", **SMALL_ROOFS)
+    assert again.measured_at == first.measured_at  # read from the cache, not re-measured
+    fresh = get_roofs("cpu", remeasure=True, **SMALL_ROOFS)
+    assert fresh.measured_at > first.measured_at
+    d = json.loads(files[0].read_text())
+    _positive_figure(d["bandwidth"])
+    assert set(d["matmul"]) == {"float32", "bfloat16"}
+    for m in d["matmul"].values():
+        _positive_figure(m)
+    assert d["machine"]["versions"]["torch"] == torch.__version__
+
+
+def test_latency_report_shape(tiny_pair, roofs):
+    _, mini, hf = tiny_pair
+    report, _ = latency_report([mini, hf], mini.config, torch.float32, TINY_LATENCY, roofs, {"note": "tiny"},
+                               repeats=2, prefill_repeats=1)
+    report = json.loads(json.dumps(report))  # must be plain JSON
+    assert report["benchmark"] == "latency"
+    assert report["machine"]["logical_cpus"] >= 1 and report["roofs"]["bandwidth"]["median"] > 0
+    for name in ("minillm", "transformers"):
+        f = report["figures"][name]
+        for key in ("decode_tok_s", "decode_ttft_s", "prefill_s", "prefill_tok_s", "decode_bandwidth_fraction"):
+            _positive_figure(f[key])
+        assert len(f["decode_tok_s"]["values"]) == 2
+    assert report["bytes_per_decode_token"]["source"] == "trace"
+    # the trace's bytes and the config's analytic count describe the same steps
+    assert report["bytes_per_decode_token"]["value"] == pytest.approx(report["bytes_per_decode_token"]["analytic"])
+    assert report["ratios"]["transformers"]["decode_tok_s"] > 0
+    assert report["ratios"]["transformers"]["decode_tok_s_paired"] > 0
+    assert len(report["figures"]["minillm"]["stall_ratio_before_repeat"]["decode"]) == 2
+    assert report["machine_state"]["before"]["stall_ratio"] > 0
+    names = {t["name"]: t for t in report["targets"]}
+    assert set(names) == {"decode_vs_transformers", "decode_bandwidth_fraction", "prefill_1k_vs_transformers"}
+    assert all(isinstance(t["passed"], bool) for t in names.values())
+
+
+def test_throughput_report_shape(tiny_pair):
+    _, mini, hf = tiny_pair
+    report, _ = throughput_report([mini, hf], mini.config, torch.float32, TINY_THROUGHPUT, None, {}, repeats=1)
+    report = json.loads(json.dumps(report))
+    prompts, outs = TINY_THROUGHPUT.requests(mini.config.vocab_size)
+    for name in ("minillm", "transformers"):
+        f = report["figures"][name]
+        _positive_figure(f["output_tok_s"])
+        _positive_figure(f["total_tok_s"])
+        assert f["output_tokens"] == sum(outs)  # only the requested tokens count
+        assert f["prompt_tokens"] == sum(len(p) for p in prompts)
+        assert f["ttft_s"]["p50"] > 0 and f["ttft_s"]["p99"] >= f["ttft_s"]["p50"]
+        assert f["tpot_s"]["p90"] > 0
+    assert report["figures"]["minillm"]["generated_per_requested"] == 1.0
+    assert report["figures"]["transformers"]["generated_per_requested"] >= 1.0
+    assert report["targets"][0]["name"] == "throughput_vs_transformers"
+
+
+def test_minillm_decode_matches_transformers_tokens(tiny_pair):
+    """Same weights, same greedy prompt: the two subjects run the same computation."""
+    _, mini, hf = tiny_pair
+    prompt = TINY_LATENCY.decode_prompt(0, mini.config.vocab_size)
+    (out,), _ = mini.run([prompt], [greedy(6)])
+    ids = torch.tensor([prompt])
+    ref = hf.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6,
+                            min_new_tokens=6, pad_token_id=0)[0, len(prompt):].tolist()
+    assert out.outputs[0].token_ids == ref
+
+
+def test_workloads_are_seeded():
+    a, b = ThroughputWorkload(seed=3).requests(1000), ThroughputWorkload(seed=3).requests(1000)
+    assert a == b
+    prompts, outs = a
+    assert len(prompts) == 128 and all(16 <= len(p) <= 256 for p in prompts) and all(16 <= n <= 128 for n in outs)
+    assert TINY_LATENCY.decode_prompt(0, 1000) != TINY_LATENCY.decode_prompt(1, 1000)
+
+
+def test_kv_bytes_cover_the_workload():
+    cfg = ModelConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1)
+    assert kv_bytes_for(cfg, torch.float32, [1, 16, 17], block_size=16) == 4 * 16 * cfg.kv_bytes_per_token(torch.float32)
+
+
+def test_cli_writes_json(tiny_pair, tmp_path, capsys):
+    folder = tiny_pair[0]
+    out = tmp_path / "lat.json"
+    argv = ["latency", "--model", str(folder), "--compare", "transformers", "--no-roofs", "--quiet",
+            "--prompt-len", "6", "--output-len", "4", "--prefill-len", "24", "--repeats", "1",
+            "--prefill-repeats", "1", "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["roofs"] is None and "decode_bandwidth_fraction" not in report["figures"]["minillm"]
+    assert report["settings"]["compare"] == ["transformers"]
+    assert "decode" in capsys.readouterr().out
+    out2 = tmp_path / "thr.json"
+    argv = ["throughput", "--model", str(folder), "--no-roofs", "--quiet", "--num-requests", "5",
+            "--prompt-len-range", "4", "12", "--output-len-range", "2", "5", "--json", str(out2)]
+    assert main(argv) == 0
+    report = json.loads(out2.read_text())
+    _positive_figure(report["figures"]["minillm"]["output_tok_s"])
+    assert report["targets"][0]["passed"] is None  # no peer, nothing to compare
+
+
+def test_jsonable_turns_nan_into_null():
+    assert jsonable({"a": float("nan"), "b": [1.0, float("inf")]}) == {"a": None, "b": [1.0, None]}
