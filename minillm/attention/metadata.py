@@ -16,7 +16,8 @@ Layout conventions shared by every backend and by the Triton kernels:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -34,6 +35,8 @@ class AttentionMetadata:
     # Python copies of the small vectors, so the torch path never syncs on .tolist()
     query_lens_list: list[int]
     seq_lens_list: list[int]
+    # per-step values a backend derives once and reuses in every layer (e.g. gather indices)
+    scratch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

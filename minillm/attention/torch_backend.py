@@ -1,9 +1,11 @@
 """The reference attention backend in plain PyTorch; also the CPU fast path.
 
-Decode sequences are batched: their keys are gathered from the pool through
-the block tables into one padded tensor and attended with one
-scaled_dot_product_attention call; with enable_gqa each K/V head serves its
-whole group of query heads (no repeat_interleave).
+Decode sequences are batched: the flat pool slot of every key they attend to
+is computed once per step from the block tables, each layer gathers its keys
+with one index_select into a padded [batch, max_len] tensor, and attends with
+one scaled_dot_product_attention call (with enable_gqa each K/V head serves
+its whole group of query heads, no repeat_interleave). Sequences shorter than
+the longest are masked; a batch of equal lengths (e.g. batch 1) needs no mask.
 Prefill chunks go one sequence at a time through scaled_dot_product_attention;
 a chunk that starts at position 0 with nothing cached uses its own K/V and the
 fused causal kernel, a chunk after a cached prefix reads the prefix through the
@@ -32,26 +34,43 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) 
     return blocks.reshape(s[0], s[1] * s[2], s[3], s[4])[:, :num_tokens]
 
 
-def paged_decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, max_len: int, scale: float, uniform: bool = False,
-) -> torch.Tensor:
-    """q: [B, H, D], one query per sequence attending to its seq_lens[b] keys.
+def decode_gather_slots(block_tables: torch.Tensor, seq_lens: torch.Tensor, max_len: int, block_size: int,
+                        masked: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Flat pool slot of every (sequence, key position), and the padding mask.
 
-    Keys are gathered into a [B, max_len] padded batch; padding is masked out
-    unless every sequence has the same length (`uniform`, e.g. batch 1), which
-    lets SDPA take its unmasked path.
+    Computed once per step and shared by all layers: each layer then gathers
+    its keys with a single index_select. Padding positions point into block 0
+    and are masked out.
     """
-    keys = gather_kv(k_cache, block_tables, max_len).transpose(1, 2)  # [B, kvh, L, D]
-    vals = gather_kv(v_cache, block_tables, max_len).transpose(1, 2)
+    pos = torch.arange(max_len, device=block_tables.device)
+    slots = block_tables[:, pos // block_size].long() * block_size + pos % block_size  # [B, L]
+    mask = (pos[None, :] < seq_lens[:, None])[:, None, None, :] if masked else None
+    return slots.reshape(-1), mask
+
+
+def paged_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+    mask: torch.Tensor | None, scale: float,
+) -> torch.Tensor:
+    """q: [B, H, D], one query per sequence; slots: [B * L] flat pool slots of its keys."""
+    b, h, d = q.shape
+    kvh = k_cache.shape[2]
+    keys = k_cache.view(-1, kvh, d).index_select(0, slots).view(b, -1, kvh, d).transpose(1, 2)  # [B, kvh, L, D]
+    vals = v_cache.view(-1, kvh, d).index_select(0, slots).view(b, -1, kvh, d).transpose(1, 2)
     if keys.dtype != q.dtype:
         keys, vals = keys.to(q.dtype), vals.to(q.dtype)
-    mask = None
-    if not uniform:
-        mask = (torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None])[:, None, None, :]
-    # enable_gqa: each K/V head serves its group of query heads without being repeated
-    out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, vals, attn_mask=mask, scale=scale, enable_gqa=True)
-    return out.squeeze(2)
+    if q.dtype == torch.float32:
+        # enable_gqa: each K/V head serves its group of query heads without being repeated
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, vals, attn_mask=mask, scale=scale, enable_gqa=True)
+        return out.squeeze(2)
+    # Half precision: CPU SDPA with a mask is slow in bf16, so two batched matmuls in the
+    # storage dtype around a float32 softmax (the query heads of a group share one K/V head).
+    qg = q.view(b, kvh, h // kvh, d)
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale  # [B, kvh, g, L]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(-1).to(q.dtype)
+    return torch.matmul(probs, vals).reshape(b, h, d)
 
 
 def prefill_one(
@@ -78,18 +97,22 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
     ) -> torch.Tensor:
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        bs = k_cache.shape[1]
         if torch.compiler.is_compiling():
             # Under torch.compile the runner only sends decode-only batches; use tensors alone
             # (no Python lists) so one graph serves every batch size and context length.
-            max_len = meta.block_tables.shape[1] * k_cache.shape[1]
-            return paged_decode(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, max_len, scale)
+            max_len = meta.block_tables.shape[1] * bs
+            slots, mask = decode_gather_slots(meta.block_tables, meta.seq_lens, max_len, bs, masked=True)
+            return paged_decode(q, k_cache, v_cache, slots, mask, scale)
         nd = meta.num_decode_seqs
         parts = []
         if nd:
-            lens = meta.seq_lens_list[:nd]
-            max_len = max(lens)
-            parts.append(paged_decode(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
-                                      max_len, scale, uniform=min(lens) == max_len))
+            if "decode_slots" not in meta.scratch:
+                lens = meta.seq_lens_list[:nd]
+                meta.scratch["decode_slots"] = decode_gather_slots(
+                    meta.block_tables[:nd], meta.seq_lens[:nd], max(lens), bs, masked=min(lens) != max(lens))
+            slots, mask = meta.scratch["decode_slots"]
+            parts.append(paged_decode(q[:nd], k_cache, v_cache, slots, mask, scale))
         start = nd
         for i in range(nd, meta.num_seqs):
             lq, sl = meta.query_lens_list[i], meta.seq_lens_list[i]
