@@ -60,6 +60,8 @@ class ModelRunner:
         self.model = model
         self.spec = spec
         self.device = model.embed_tokens.weight.device
+        if self.device.type == "cpu":
+            model.use_k_major_weights()  # faster matrix-vector products for decode (see the method)
         self.backend = make_attention_backend(attention_backend)
         cfg = model.config
         shape = (spec.num_blocks, spec.block_size, cfg.num_key_value_heads, cfg.head_dim)
