@@ -76,7 +76,10 @@ class ModelRunner:
         if compile:
             if attention_backend != "torch":
                 raise ValueError("compile=True is implemented for the torch attention backend")
-            self.compiled_decode = torch.compile(model.forward, dynamic=True)
+            # freezing: weights become constants, so inductor can pre-pack them for oneDNN
+            # (the fast matrix-vector path on CPU); max_autotune picks among the candidates.
+            options = {"freezing": True, "max_autotune": True, "triton.cudagraphs": False}
+            self.compiled_decode = torch.compile(model.forward, dynamic=True, options=options)
 
     def attach(self) -> None:
         """Point every attention layer at this runner's pool (a model may serve several engines in turn)."""
