@@ -26,6 +26,23 @@ def make_attention_backend(name: str):
     raise ValueError(f"unknown attention_backend {name!r} (choose 'torch' or 'triton')")
 
 
+def _frozen_compile(fn):
+    """torch.compile with inductor freezing: weights become constants, so inductor can
+    pre-pack them for oneDNN (the fast matrix-vector path on CPU), and max_autotune
+    picks among the candidates. Freezing is read when a graph is compiled -- lazily,
+    at a call -- so every call runs under the patched config (passing it through
+    torch.compile's `options` did not take effect here)."""
+    import torch._inductor.config as inductor_config
+
+    compiled = torch.compile(fn, dynamic=True)
+
+    def call(*args, **kwargs):
+        with inductor_config.patch(freezing=True, max_autotune=True):
+            return compiled(*args, **kwargs)
+
+    return call
+
+
 @dataclass
 class KVCacheSpec:
     num_blocks: int
@@ -76,10 +93,7 @@ class ModelRunner:
         if compile:
             if attention_backend != "torch":
                 raise ValueError("compile=True is implemented for the torch attention backend")
-            # freezing: weights become constants, so inductor can pre-pack them for oneDNN
-            # (the fast matrix-vector path on CPU); max_autotune picks among the candidates.
-            options = {"freezing": True, "max_autotune": True, "triton.cudagraphs": False}
-            self.compiled_decode = torch.compile(model.forward, dynamic=True, options=options)
+            self.compiled_decode = _frozen_compile(model.forward)
 
     def attach(self) -> None:
         """Point every attention layer at this runner's pool (a model may serve several engines in turn)."""
