@@ -321,12 +321,9 @@ def perf_report(
     """GPU: time paged decode on a shuffled pool; GB/s of K/V read vs the measured copy roof."""
     import triton.testing
 
-    nblk = triton.cdiv(ctx, block_size)
-    pool = batch * nblk + 1
-    kc = torch.randn(pool, block_size, kv_heads, head_dim, dtype=dtype, device=device)
-    vc = torch.randn_like(kc)
-    bt = torch.randperm(pool, device=device)[: batch * nblk].view(batch, nblk).to(torch.int32)
-    sl = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    from minillm.kernels.testing import full_paged_pool
+
+    kc, vc, bt, sl = full_paged_pool(batch, ctx, kv_heads, head_dim, block_size, dtype, device)
     q = torch.randn(batch, heads, head_dim, dtype=dtype, device=device)
     scale = head_dim**-0.5
     if num_splits is None:

@@ -260,12 +260,9 @@ def perf_report(
     import torch.nn.functional as F
     import triton.testing
 
-    nblk = triton.cdiv(seq_len, block_size)
-    pool = batch * nblk + 1
-    kc = torch.randn(pool, block_size, kv_heads, head_dim, dtype=dtype, device=device)
-    vc = torch.randn_like(kc)
-    bt = torch.randperm(pool, device=device)[: batch * nblk].view(batch, nblk).to(torch.int32)
-    sl = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
+    from minillm.kernels.testing import full_paged_pool
+
+    kc, vc, bt, sl = full_paged_pool(batch, seq_len, kv_heads, head_dim, block_size, dtype, device)
     cu = torch.arange(0, batch + 1, dtype=torch.int32, device=device) * seq_len
     q = torch.randn(batch * seq_len, heads, head_dim, dtype=dtype, device=device)
     scale = head_dim**-0.5

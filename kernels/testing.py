@@ -83,3 +83,31 @@ def max_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """Largest absolute difference; NaN anywhere (an unwritten or poisoned element) gives inf."""
     d = (out.float() - ref.float()).abs()
     return float("inf") if torch.isnan(d).any() else float(d.max()) if d.numel() else 0.0
+
+
+# Attention-kernel tolerances per cache dtype (atol, rtol). fp16/bf16 leave room for a GPU,
+# which rounds probabilities to half precision before the second matmul.
+ATTENTION_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2)}
+
+
+def assert_attention_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    atol, rtol = ATTENTION_TOL[dtype]
+    assert not torch.isnan(out).any(), "NaN in output: unwritten element or poisoned slot read"
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+def full_paged_pool(
+    batch: int, ctx: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
+    device: str | torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the perf reports: `batch` sequences of `ctx` keys each, pages shuffled across the pool.
+
+    Returns k_cache, v_cache, block_tables (int32 [batch, blocks]) and seq_lens (int32 [batch]).
+    """
+    nblk = -(-ctx // block_size)
+    pool = batch * nblk + 1
+    kc = torch.randn(pool, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(pool, device=device)[: batch * nblk].view(batch, nblk).to(torch.int32)
+    sl = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    return kc, vc, bt, sl

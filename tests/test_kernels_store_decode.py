@@ -22,17 +22,12 @@ from minillm.kernels.kv_store import store_kv_cache, store_kv_cache_ref  # noqa:
 from minillm.kernels.paged_decode import (  # noqa: E402
     paged_decode_attention, paged_decode_attention_ref, paged_decode_attention_split,
 )
+from minillm.kernels.testing import assert_attention_close as assert_close  # noqa: E402
 from minillm.kernels.testing import make_paged_workload  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2)}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
-
-def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
-    atol, rtol = TOL[dtype]
-    assert not torch.isnan(out).any(), "NaN in output: unwritten element or poisoned slot read"
-    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
 
 
 # ---------------------------------------------------------------- KV store
