@@ -19,6 +19,13 @@ memory bandwidth, so its perf report is in GB/s against the measured copy
 bandwidth. Values go through fp32 on the way to the cache dtype because the
 interpreter cannot cast fp16 <-> bf16 directly (it reinterprets the bits), and
 ``cast_out`` rounds to nearest-even there as the GPU does.
+
+Quantized caches (int8 / fp8 e4m3, ``store_kv_cache(..., k_scale=, v_scale=)``)
+use a second kernel whose tile is ``[BLOCK_T, BLOCK_H, BLOCK_D]``: the max
+over the head-dim axis gives each (token, head) its scale ``amax / qmax``,
+the row is divided, rounded to codes (kernels/kv_quant.py) and written with
+its scale to ``[num_blocks, block_size, kv_heads]`` scale pools -- the same
+bits minillm.attention.kv_quant.quantize_kv produces.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import triton
 import triton.language as tl
 
 from minillm.kernels._common import cast_out, interpreting, next_pow2
+from minillm.kernels.kv_quant import QUANT_FP8, QUANT_INT8, quantize_rows
 
 
 @triton.jit
@@ -62,6 +70,60 @@ def _store_kv_kernel(
     tl.store(vc_ptr + dst, cast_out(vv, vc_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _quant_store_one(src_ptr, dst_ptr, sdst_ptr, src_off, dst_off, sdst_off, mask3, mask2, QUANT: tl.constexpr):
+    x = tl.load(src_ptr + src_off, mask=mask3, other=0.0).to(tl.float32)
+    codes, scale = quantize_rows(x, QUANT)
+    tl.store(dst_ptr + dst_off, codes, mask=mask3)
+    tl.store(sdst_ptr + sdst_off, scale, mask=mask2)
+
+
+@triton.jit
+def _store_kv_quant_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr,
+    T,
+    s_kt, s_kh, s_kd,
+    s_vt, s_vh, s_vd,
+    s_cb, s_co, s_ch, s_cd,  # strides of the code caches (shared by k and v)
+    s_sb, s_so, s_sh,  # strides of the scale pools (shared by k and v)
+    KVH: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, QUANT: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    t_ok = t < T
+    slot = tl.load(slot_ptr + t, mask=t_ok, other=-1).to(tl.int64)
+    row_ok = t_ok & (slot >= 0)
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    mask2 = row_ok[:, None] & (h < KVH)[None, :]
+    mask3 = mask2[:, :, None] & (d < HEAD_DIM)[None, None, :]
+    t64 = t.to(tl.int64)
+    h3, d3 = h[None, :, None], d[None, None, :]
+    dst = (blk * s_cb + off * s_co)[:, None, None] + h3 * s_ch + d3 * s_cd
+    sdst = (blk * s_sb + off * s_so)[:, None] + h[None, :] * s_sh
+    _quant_store_one(k_ptr, kc_ptr, ks_ptr, t64[:, None, None] * s_kt + h3 * s_kh + d3 * s_kd, dst, sdst,
+                     mask3, mask2, QUANT)
+    _quant_store_one(v_ptr, vc_ptr, vs_ptr, t64[:, None, None] * s_vt + h3 * s_vh + d3 * s_vd, dst, sdst,
+                     mask3, mask2, QUANT)
+
+
+def quant_mode(cache: torch.Tensor) -> int:
+    """QUANT constexpr of a code cache: int8 -> 1, float8_e4m3fn -> 2."""
+    if cache.dtype == torch.int8:
+        return QUANT_INT8
+    if cache.dtype == torch.float8_e4m3fn:
+        return QUANT_FP8
+    raise ValueError(f"a quantized KV cache must be int8 or float8_e4m3fn, not {cache.dtype}")
+
+
+def as_bits(cache: torch.Tensor) -> torch.Tensor:
+    """fp8 pools go to the kernels as uint8 bits (they convert by hand)."""
+    return cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
+
+
 def _launch_params(T: int, kvh: int, d: int) -> dict:
     bh, bd = next_pow2(kvh), next_pow2(d)
     # about 4K lanes per program on a GPU; in the interpreter, fewer bigger programs
@@ -71,9 +133,13 @@ def _launch_params(T: int, kvh: int, d: int) -> dict:
 
 
 def store_kv_cache(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:
-    """k, v: [T, kv_heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim]; in place."""
+    """k, v: [T, kv_heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim]; in place.
+
+    With ``k_scale``/``v_scale`` ([num_blocks, block_size, kv_heads] fp32) the caches are int8 or
+    float8_e4m3fn and each token's heads are quantized with their own scale."""
     T, kvh, d = k.shape
     if T == 0:
         return
@@ -81,6 +147,15 @@ def store_kv_cache(
     assert k_cache.shape[2:] == (kvh, d)
     p = _launch_params(T, kvh, d)
     grid = (triton.cdiv(T, p["BLOCK_T"]),)
+    if k_scale is not None:
+        assert v_scale is not None and k_scale.stride() == v_scale.stride() and k_scale.shape == k_cache.shape[:3]
+        _store_kv_quant_kernel[grid](
+            k, v, as_bits(k_cache), as_bits(v_cache), k_scale, v_scale, slot_mapping,
+            T,
+            *k.stride(), *v.stride(), *k_cache.stride(), *k_scale.stride(),
+            KVH=kvh, HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], QUANT=quant_mode(k_cache), **p,
+        )
+        return
     _store_kv_kernel[grid](
         k, v, k_cache, v_cache, slot_mapping,
         T,
@@ -98,6 +173,22 @@ def store_kv_cache_ref(
     kvh, d = k.shape[1], k.shape[2]
     k_cache.view(-1, kvh, d)[slots] = k[keep].to(k_cache.dtype)
     v_cache.view(-1, kvh, d)[slots] = v[keep].to(v_cache.dtype)
+
+
+def store_kv_cache_quant_ref(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor, v_scale: torch.Tensor,
+) -> None:
+    """Plain-PyTorch reference of the quantizing store (minillm.attention.kv_quant.quantize_kv)."""
+    from minillm.attention.kv_quant import quantize_kv
+
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    kvh, d = k.shape[1], k.shape[2]
+    for x, cache, scales in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        codes, s = quantize_kv(x[keep], cache.dtype)
+        as_bits(cache).view(-1, kvh, d)[slots] = as_bits(codes)
+        scales.view(-1, kvh)[slots] = s
 
 
 def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, kv_heads: int = 8,

@@ -43,6 +43,15 @@ Dtypes: the cache can be fp32, fp16 or bf16. On a GPU narrow tiles feed the
 tensor cores directly (fp32 accumulation); under the interpreter, and for
 fp32 caches, tiles are widened to fp32 right after the load (the interpreter's
 bf16 math is wrong). All softmax math is fp32.
+
+Quantized caches (``QUANT`` 1: int8, 2: fp8 e4m3 as uint8 bits) hold codes
+and one fp32 scale per (token, kv head). Codes are widened to fp32 (then to
+q's dtype for tensor cores on a GPU; int8 and e4m3 values are exact in
+fp16/bf16) and the scales are applied per key, not per element::
+
+    s_j = (q . k_codes_j) * k_scale_j * qk_scale,   acc += (p_j * v_scale_j) @ v_codes
+
+which equals attention over the dequantized K/V; ``l`` sums the unscaled p.
 """
 from __future__ import annotations
 
@@ -53,21 +62,25 @@ import triton
 import triton.language as tl
 
 from minillm.kernels._common import cast_out, compute_in_f32, interpreting, next_pow2
+from minillm.kernels.kv_quant import codes_to_f32
+from minillm.kernels.kv_store import as_bits, quant_mode
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr,
+    q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, sl_ptr,
     o_ptr, m_ptr, l_ptr,  # NUM_SPLITS == 1: o is the final [B,H,D]; else fp32 partials
     s_qb, s_qh, s_qd,
     s_cb, s_co, s_ch, s_cd,
+    s_sb, s_so, s_sh,  # strides of the scale pools (QUANT only)
     s_btb,
     s_ob, s_oh, s_os, s_od,  # output strides (s_os: split axis of the partials)
     qk_scale,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, F32: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -82,7 +95,10 @@ def _decode_kernel(
     q = tl.load(q_ptr + b.to(tl.int64) * s_qb + head[:, None] * s_qh + d[None, :] * s_qd,
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     if not F32:
-        q = q.to(kc_ptr.dtype.element_ty)  # tensor cores want both operands narrow
+        if QUANT == 0:
+            q = q.to(kc_ptr.dtype.element_ty)  # tensor cores want both operands narrow
+        else:
+            q = q.to(q_ptr.dtype.element_ty)  # codes are widened to q's dtype
 
     # this program's key range [start, end); split sizes are whole tiles so only the last tile is ragged
     per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -101,19 +117,29 @@ def _decode_kernel(
         blk = tl.load(bt_row + pos // PAGE, mask=valid, other=0).to(tl.int64)
         row = blk * s_cb + (pos % PAGE) * s_co  # [BLOCK_N] element offsets of each token
         kv_mask = valid[:, None] & d_ok[None, :]
-        k = tl.load(kc_ptr + row[:, None] + head_off[None, :], mask=kv_mask, other=0.0)
-        if F32:
+        k = tl.load(kc_ptr + row[:, None] + head_off[None, :], mask=kv_mask, other=0)
+        if QUANT != 0:
+            srow = blk * s_sb + (pos % PAGE) * s_so + kvh * s_sh
+            k = codes_to_f32(k, QUANT).to(q.dtype)
+        elif F32:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [GROUP_PAD, BLOCK_N]
+        if QUANT != 0:
+            s = s * tl.load(ks_ptr + srow, mask=valid, other=0.0)[None, :]
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has >= 1 valid key
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vc_ptr + row[:, None] + head_off[None, :], mask=kv_mask, other=0.0)
-        if F32:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        v = tl.load(vc_ptr + row[:, None] + head_off[None, :], mask=kv_mask, other=0)
+        if QUANT != 0:
+            v = codes_to_f32(v, QUANT).to(q.dtype)
+            pv = p * tl.load(vs_ptr + srow, mask=valid, other=0.0)[None, :]
+        else:
+            if F32:
+                v = v.to(tl.float32)
+            pv = p
+        acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
 
     o_off = b.to(tl.int64) * s_ob + head[:, None] * s_oh + d[None, :] * s_od
@@ -169,7 +195,8 @@ def _kernel_launcher(grid):
     if interpreting():
         return _decode_kernel[grid], {"BLOCK_N": 128}
     if _tuned is None:
-        _tuned = triton.autotune(_GPU_CONFIGS, key=["GROUP_PAD", "BLOCK_D", "PAGE", "NUM_SPLITS"])(_decode_kernel)
+        _tuned = triton.autotune(_GPU_CONFIGS, key=["GROUP_PAD", "BLOCK_D", "PAGE", "NUM_SPLITS", "QUANT"])(
+            _decode_kernel)
     return _tuned[grid], {}
 
 
@@ -180,16 +207,23 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int, int, int]:
     return B, H, D, kvh
 
 
-def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits):
+def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits, k_scale=None, v_scale=None):
     B, H, D, kvh = _check(q, k_cache)
     group = H // kvh
+    quant = 0 if k_scale is None else quant_mode(k_cache)
     consts = dict(GROUP=group, GROUP_PAD=next_pow2(group, 16), BLOCK_D=next_pow2(D, 16),
-                  PAGE=k_cache.shape[1], F32=compute_in_f32(k_cache.dtype))
+                  PAGE=k_cache.shape[1], F32=compute_in_f32(q.dtype if quant else k_cache.dtype), QUANT=quant)
+    if quant:
+        assert v_scale is not None and k_scale.stride() == v_scale.stride()
+        k_cache, v_cache = as_bits(k_cache), as_bits(v_cache)
+        scales = (k_scale, v_scale, *k_scale.stride())
+    else:
+        scales = (k_cache, v_cache, 0, 0, 0)  # unused: QUANT == 0 never reads them
     qk_scale = scale * LOG2E
     if num_splits == 1:
         run, extra = _kernel_launcher((B, kvh, 1))
-        run(q, k_cache, v_cache, block_tables, seq_lens, out, out, out,
-            *q.stride(), *k_cache.stride(), block_tables.stride(0),
+        run(q, k_cache, v_cache, scales[0], scales[1], block_tables, seq_lens, out, out, out,
+            *q.stride(), *k_cache.stride(), *scales[2:], block_tables.stride(0),
             out.stride(0), out.stride(1), 0, out.stride(2),
             qk_scale, HEAD_DIM=D, NUM_SPLITS=1, **consts, **extra)
         return out
@@ -197,8 +231,8 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits)
     pm = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
     run, extra = _kernel_launcher((B, kvh, num_splits))
-    run(q, k_cache, v_cache, block_tables, seq_lens, po, pm, pl,
-        *q.stride(), *k_cache.stride(), block_tables.stride(0),
+    run(q, k_cache, v_cache, scales[0], scales[1], block_tables, seq_lens, po, pm, pl,
+        *q.stride(), *k_cache.stride(), *scales[2:], block_tables.stride(0),
         po.stride(0), po.stride(1), po.stride(2), po.stride(3),
         qk_scale, HEAD_DIM=D, NUM_SPLITS=num_splits, **consts, **extra)
     _combine_kernel[(B, H)](
@@ -211,26 +245,30 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits)
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B,H,D], caches [blocks, block_size, kvh, D], block_tables int32 [B, max_blocks],
-    seq_lens int32 [B] (>= 1) -> [B,H,D] in q's dtype (written into ``out`` if given)."""
+    seq_lens int32 [B] (>= 1) -> [B,H,D] in q's dtype (written into ``out`` if given).
+    int8 / float8_e4m3fn caches need their scale pools ``k_scale``, ``v_scale`` [blocks, block_size, kvh]."""
     if out is None:
         out = torch.empty_like(q)
     if q.shape[0] == 0:
         return out
-    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, 1)
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, 1, k_scale, v_scale)
 
 
 def paged_decode_attention_split(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, num_splits: int, out: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flash-decoding: each sequence's keys split into ``num_splits`` ranges, then combined."""
     if out is None:
         out = torch.empty_like(q)
     if q.shape[0] == 0:
         return out
-    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, max(1, int(num_splits)))
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, max(1, int(num_splits)),
+                   k_scale, v_scale)
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_seq_len: int, num_sms: int = 132) -> int:
@@ -243,9 +281,11 @@ def choose_num_splits(batch: int, kv_heads: int, max_seq_len: int, num_sms: int 
 
 def paged_decode_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float,
+    seq_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain PyTorch, one sequence at a time, fp32 math."""
+    """Plain PyTorch, one sequence at a time, fp32 math (quantized caches: dequantized K/V)."""
+    from minillm.kernels.testing import gather_rows
+
     B, H, D, kvh = _check(q, k_cache)
     bs = k_cache.shape[1]
     out = torch.empty_like(q)
@@ -253,8 +293,8 @@ def paged_decode_attention_ref(
         n = int(seq_lens[b])
         pos = torch.arange(n, device=q.device)
         blocks = block_tables[b].long()[pos // bs]
-        k = k_cache[blocks, pos % bs].float()  # [n, kvh, D]
-        v = v_cache[blocks, pos % bs].float()
+        k = gather_rows(k_cache, k_scale, blocks, pos % bs)  # [n, kvh, D] fp32
+        v = gather_rows(v_cache, v_scale, blocks, pos % bs)
         k = k.repeat_interleave(H // kvh, dim=1)  # query head h reads kv head h // group
         v = v.repeat_interleave(H // kvh, dim=1)
         s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale

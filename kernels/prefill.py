@@ -38,6 +38,9 @@ through L2.
 
 Dtypes as in paged_decode: narrow tiles feed tensor cores on a GPU; under the
 interpreter (and for fp32 caches) tiles are widened to fp32 after the load.
+Quantized caches (``QUANT`` 1: int8, 2: fp8 e4m3 bits) as in paged_decode:
+codes widened to q's dtype, the key scale folded into the scores and the
+value scale into P, one multiply per key.
 """
 from __future__ import annotations
 
@@ -46,15 +49,17 @@ import triton
 import triton.language as tl
 
 from minillm.kernels._common import cast_out, compute_in_f32, interpreting, next_pow2
+from minillm.kernels.kv_quant import codes_to_f32
+from minillm.kernels.kv_store import as_bits, quant_mode
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _attend_tiles(
-    acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, bt_row, head_off, d_ok, seq_len, qk_scale,
-    s_cb, s_co, lo, hi,
-    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, F32: tl.constexpr, MASKED: tl.constexpr,
+    acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, s_head_off, d_ok, seq_len, qk_scale,
+    s_cb, s_co, s_sb, s_so, lo, hi,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, F32: tl.constexpr, MASKED: tl.constexpr, QUANT: tl.constexpr,
 ):
     """Online-softmax update of (acc, l, m) with the keys in [lo, hi)."""
     n = tl.arange(0, BLOCK_N)
@@ -68,12 +73,23 @@ def _attend_tiles(
         row = blk * s_cb + (pos % PAGE) * s_co
         ptr_off = row[:, None] + head_off[None, :]
         if MASKED:
-            k = tl.load(kc_ptr + ptr_off, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+            k = tl.load(kc_ptr + ptr_off, mask=k_ok[:, None] & d_ok[None, :], other=0)
         else:
-            k = tl.load(kc_ptr + ptr_off, mask=d_ok[None, :], other=0.0)
-        if F32:
+            k = tl.load(kc_ptr + ptr_off, mask=d_ok[None, :], other=0)
+        if QUANT != 0:
+            srow = blk * s_sb + (pos % PAGE) * s_so + s_head_off
+            if MASKED:
+                k_sc = tl.load(ks_ptr + srow, mask=k_ok, other=0.0)
+                v_sc = tl.load(vs_ptr + srow, mask=k_ok, other=0.0)
+            else:
+                k_sc = tl.load(ks_ptr + srow)
+                v_sc = tl.load(vs_ptr + srow)
+            k = codes_to_f32(k, QUANT).to(q.dtype)
+        elif F32:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [BLOCK_M, BLOCK_N]
+        if QUANT != 0:
+            s = s * k_sc[None, :]
         if MASKED:
             vis = (pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
             s = tl.where(vis, s, float("-inf"))
@@ -82,26 +98,32 @@ def _attend_tiles(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if MASKED:
-            v = tl.load(vc_ptr + ptr_off, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+            v = tl.load(vc_ptr + ptr_off, mask=k_ok[:, None] & d_ok[None, :], other=0)
         else:
-            v = tl.load(vc_ptr + ptr_off, mask=d_ok[None, :], other=0.0)
-        if F32:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            v = tl.load(vc_ptr + ptr_off, mask=d_ok[None, :], other=0)
+        if QUANT != 0:
+            v = codes_to_f32(v, QUANT).to(q.dtype)
+            pv = p * v_sc[None, :]
+        else:
+            if F32:
+                v = v.to(tl.float32)
+            pv = p
+        acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, sl_ptr, o_ptr,
+    q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, cu_ptr, sl_ptr, o_ptr,
     s_qt, s_qh, s_qd,
     s_cb, s_co, s_ch, s_cd,
+    s_sb, s_so, s_sh,  # strides of the scale pools (QUANT only)
     s_btb,
     s_ot, s_oh, s_od,
     qk_scale, first_seq,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGE: tl.constexpr, F32: tl.constexpr,
+    PAGE: tl.constexpr, F32: tl.constexpr, QUANT: tl.constexpr,
 ):
     h = tl.program_id(0)
     seq = tl.program_id(2) + first_seq
@@ -122,7 +144,10 @@ def _prefill_kernel(
     q = tl.load(q_ptr + q_rows[:, None] * s_qt + h * s_qh + d[None, :] * s_qd,
                 mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     if not F32:
-        q = q.to(kc_ptr.dtype.element_ty)
+        if QUANT == 0:
+            q = q.to(kc_ptr.dtype.element_ty)
+        else:
+            q = q.to(q_ptr.dtype.element_ty)
     q_pos = ctx + m
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -130,16 +155,17 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * s_btb
     head_off = (h // GROUP) * s_ch + d * s_cd
+    s_head_off = (h // GROUP) * s_sh
 
     first_pos = ctx + tile * BLOCK_M
     full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # keys < full_end are seen by every row
     hi = tl.minimum(first_pos + BLOCK_M, seq_len)  # one past the last query's position
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, bt_row, head_off, d_ok,
-                                  seq_len, qk_scale, s_cb, s_co, 0, full_end,
-                                  BLOCK_N, PAGE, F32, False)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, bt_row, head_off, d_ok,
-                                  seq_len, qk_scale, s_cb, s_co, full_end, hi,
-                                  BLOCK_N, PAGE, F32, True)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
+                                  s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, 0, full_end,
+                                  BLOCK_N, PAGE, F32, False, QUANT)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
+                                  s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, full_end, hi,
+                                  BLOCK_N, PAGE, F32, True, QUANT)
     out = acc / l_i[:, None]
     tl.store(o_ptr + q_rows[:, None] * s_ot + h * s_oh + d[None, :] * s_od,
              cast_out(out, o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
@@ -163,7 +189,7 @@ def _kernel_launcher(max_q: int):
         return _prefill_kernel, {"BLOCK_M": bm, "BLOCK_N": 64}
     bucket = min(next_pow2(max_q, 16), 4096)
     if bucket not in _tuned:
-        _tuned[bucket] = triton.autotune(_GPU_CONFIGS, key=["BLOCK_D", "PAGE", "GROUP"])(_prefill_kernel)
+        _tuned[bucket] = triton.autotune(_GPU_CONFIGS, key=["BLOCK_D", "PAGE", "GROUP", "QUANT"])(_prefill_kernel)
     return _tuned[bucket], {}
 
 
@@ -171,12 +197,14 @@ def prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, *,
     out: torch.Tensor | None = None, max_query_len: int | None = None, first_seq: int = 0,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T,H,D] packed; cu_seqlens_q int32 [S+1]; seq_lens int32 [S]; block_tables int32 [S, max_blocks].
 
     Returns [T,H,D] in q's dtype. Only sequences ``first_seq..S-1`` are computed
     (their rows of ``out``), so a caller can hand the decode sequences to the
     decode kernel. ``max_query_len`` sizes the grid; pass it to avoid a device sync.
+    int8 / float8_e4m3fn caches need their scale pools ``k_scale``, ``v_scale`` [blocks, block_size, kvh].
     """
     T, H, D = q.shape
     kvh = k_cache.shape[2]
@@ -189,16 +217,24 @@ def prefill_attention(
     if max_query_len is None:
         max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1])[first_seq:].max())
     kernel, extra = _kernel_launcher(max_query_len)
+    quant = 0 if k_scale is None else quant_mode(k_cache)
+    f32 = compute_in_f32(q.dtype if quant else k_cache.dtype)
+    if quant:
+        assert v_scale is not None and k_scale.stride() == v_scale.stride()
+        k_cache, v_cache = as_bits(k_cache), as_bits(v_cache)
+        scales = (k_scale, v_scale, *k_scale.stride())
+    else:
+        scales = (k_cache, v_cache, 0, 0, 0)  # unused: QUANT == 0 never reads them
 
     def grid(meta):
         return (H, triton.cdiv(max_query_len, meta["BLOCK_M"]), num_seqs)
 
     kernel[grid](
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out,
-        *q.stride(), *k_cache.stride(), block_tables.stride(0), *out.stride(),
+        q, k_cache, v_cache, scales[0], scales[1], block_tables, cu_seqlens_q, seq_lens, out,
+        *q.stride(), *k_cache.stride(), *scales[2:], block_tables.stride(0), *out.stride(),
         scale * LOG2E, first_seq,
         HEAD_DIM=D, GROUP=H // kvh, BLOCK_D=next_pow2(D, 16), PAGE=k_cache.shape[1],
-        F32=compute_in_f32(k_cache.dtype), **extra,
+        F32=f32, QUANT=quant, **extra,
     )
     return out
 
@@ -206,8 +242,12 @@ def prefill_attention(
 def prefill_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain PyTorch, one sequence at a time, fp32 math, explicit offset-causal mask."""
+    """Plain PyTorch, one sequence at a time, fp32 math, explicit offset-causal mask
+    (quantized caches: dequantized K/V)."""
+    from minillm.kernels.testing import gather_rows
+
     T, H, D = q.shape
     kvh, bs = k_cache.shape[2], k_cache.shape[1]
     out = torch.empty_like(q)
@@ -218,8 +258,8 @@ def prefill_attention_ref(
             continue
         pos = torch.arange(n, device=q.device)
         blocks = block_tables[s].long()[pos // bs]
-        k = k_cache[blocks, pos % bs].float().repeat_interleave(H // kvh, dim=1)  # [n, H, D]
-        v = v_cache[blocks, pos % bs].float().repeat_interleave(H // kvh, dim=1)
+        k = gather_rows(k_cache, k_scale, blocks, pos % bs).repeat_interleave(H // kvh, dim=1)  # [n, H, D]
+        v = gather_rows(v_cache, v_scale, blocks, pos % bs).repeat_interleave(H // kvh, dim=1)
         qpos = torch.arange(n - (b - a), n, device=q.device)
         scores = torch.einsum("qhd,khd->hqk", q[a:b].float(), k) * scale
         scores.masked_fill_(pos[None, None, :] > qpos[None, :, None], float("-inf"))

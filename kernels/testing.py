@@ -79,6 +79,34 @@ def make_paged_workload(
     )
 
 
+def gather_rows(cache: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tensor,
+                offsets: torch.Tensor) -> torch.Tensor:
+    """The references' read of cache rows (block, offset) -> fp32 [n, kvh, D]; dequantized when scaled."""
+    rows = cache[blocks, offsets]
+    if scales is None:
+        return rows.float()
+    from minillm.attention.kv_quant import dequantize_kv
+
+    return dequantize_kv(rows, scales[blocks, offsets], torch.float32)
+
+
+def quantize_workload(w: PagedWorkload, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The workload's caches quantized per (slot, head) to int8 / float8_e4m3fn.
+
+    Returns (k_codes, v_codes, k_scale, v_scale). Unwritten (NaN) slots get NaN
+    scales, so a kernel that reads one still produces NaN and fails."""
+    from minillm.attention.kv_quant import quantize_kv
+
+    out = []
+    for cache in (w.k_cache, w.v_cache):
+        nb, bs, kvh, d = cache.shape
+        flat = cache.reshape(-1, kvh, d)
+        nan = flat.isnan().any(-1)  # [slots, kvh]
+        codes, scales = quantize_kv(flat.nan_to_num(0.0), dtype)
+        out.append((codes.view(nb, bs, kvh, d), scales.masked_fill(nan, float("nan")).view(nb, bs, kvh)))
+    return out[0][0], out[1][0], out[0][1], out[1][1]
+
+
 def max_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """Largest absolute difference; NaN anywhere (an unwritten or poisoned element) gives inf."""
     d = (out.float() - ref.float()).abs()

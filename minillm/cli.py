@@ -1,4 +1,4 @@
-"""The `minillm` command: generate, chat, demo, bench."""
+"""The `minillm` command: generate, chat, demo, bench, serve, roofline."""
 from __future__ import annotations
 
 import argparse
@@ -132,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         from minillm.server.cli import main as serve_main
 
         return serve_main(argv[1:])
+    if argv and argv[0] == "roofline":
+        from minillm.roofline.cli import main as roofline_main
+
+        return roofline_main(argv[1:])
     ap = argparse.ArgumentParser(prog="minillm", description="a compact LLM inference engine to learn from")
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="stream one completion")
@@ -155,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(fn=cmd_demo)
     sub.add_parser("bench", help="benchmarks: minillm bench {latency,throughput} --help")
     sub.add_parser("serve", help="OpenAI-compatible server: minillm serve --help")
+    sub.add_parser("roofline", help="measure / show the machine's roofs: minillm roofline --help")
     a = ap.parse_args(argv)
     return a.fn(a)
 

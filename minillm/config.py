@@ -106,6 +106,13 @@ class CacheConfig:
     num_blocks: int | None = None  # overrides the budget when set (tests)
     enable_prefix_caching: bool = True
     cache_dtype: torch.dtype | None = None  # default: the model dtype
+    # "auto": cache_dtype / the model dtype; "int8" or "fp8" (e4m3): quantized with a scale per token per head
+    kv_cache_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        from minillm.attention.kv_quant import resolve_kv_cache_dtype
+
+        resolve_kv_cache_dtype(self.kv_cache_dtype)  # a clear ValueError for anything else
 
 
 @dataclass

@@ -44,18 +44,37 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         num_kv_blocks: int | None = None,
         enable_prefix_caching: bool = True,
+        kv_cache_dtype: str = "auto",
         enable_chunked_prefill: bool = True,
         max_num_seqs: int = 128,
         max_num_batched_tokens: int = 2048,
         max_model_len: int | None = None,
         seed: int = 0,
         compile: bool = False,
+        speculative: dict | None = None,
+        tensor_parallel_size: int = 1,
+        tensor_parallel_timeout_s: float = 60.0,
     ) -> None:
+        from minillm.attention.kv_quant import resolve_kv_cache_dtype
         from minillm.loader import load_model
 
+        resolve_kv_cache_dtype(kv_cache_dtype)  # fail before the (slow) model load
+        from minillm.spec.config import parse_speculative
+
+        speculative = parse_speculative(speculative)  # bad configs fail before the model load too
+        if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
+        if tensor_parallel_size > 1 and speculative is not None:
+            raise ValueError("speculative decoding is not supported with tensor_parallel_size > 1")
         torch.manual_seed(seed)
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.loaded = load_model(model, dtype=resolve_dtype(dtype), device=dev)
+        tensor_parallel = None
+        if tensor_parallel_size > 1:  # ranks 1..N-1 load the same file in worker processes (minillm/parallel)
+            from minillm.parallel.executor import TensorParallelConfig
+
+            tensor_parallel = TensorParallelConfig(tensor_parallel_size, model, resolve_dtype(dtype),
+                                                   timeout_s=tensor_parallel_timeout_s)
         self.tokenizer = self.loaded.tokenizer
         self.engine = LLMEngine(
             self.loaded.model,
@@ -63,13 +82,25 @@ class LLM:
             self.loaded.eos_token_ids,
             CacheConfig(block_size=block_size, kv_cache_memory_bytes=kv_cache_memory_bytes,
                         gpu_memory_utilization=gpu_memory_utilization, num_blocks=num_kv_blocks,
-                        enable_prefix_caching=enable_prefix_caching),
+                        enable_prefix_caching=enable_prefix_caching, kv_cache_dtype=kv_cache_dtype),
             SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                             enable_chunked_prefill=enable_chunked_prefill, max_model_len=max_model_len),
             attention_backend=attention_backend,
             compile=compile,
+            speculative=speculative,
+            tensor_parallel=tensor_parallel,
         )
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Release worker processes (tensor parallelism); safe to call twice. Also on `with LLM(...)` exit."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def trace(self):

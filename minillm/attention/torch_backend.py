@@ -10,12 +10,19 @@ Prefill chunks go one sequence at a time through scaled_dot_product_attention;
 a chunk that starts at position 0 with nothing cached uses its own K/V and the
 fused causal kernel, a chunk after a cached prefix reads the prefix through the
 block table and uses an explicit offset-causal mask.
+
+Quantized caches (int8 / fp8 with per-token-per-head scales, see kv_quant.py)
+take a separate path so the float path stays as it is: new K/V are quantized
+on store, and attention always reads the dequantized values -- for cached
+prefixes and for a prompt's own fresh K/V alike -- so a prompt attends to the
+same keys whether it was prefilled whole, in chunks or from the prefix cache.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from minillm.attention.kv_quant import as_bits, dequantize_kv, quantize_kv
 from minillm.attention.metadata import AttentionMetadata
 
 
@@ -59,6 +66,14 @@ def paged_decode(
     vals = v_cache.view(-1, kvh, d).index_select(0, slots).view(b, -1, kvh, d).transpose(1, 2)
     if keys.dtype != q.dtype:
         keys, vals = keys.to(q.dtype), vals.to(q.dtype)
+    return decode_attend(q, keys, vals, mask, scale)
+
+
+def decode_attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor | None,
+                  scale: float) -> torch.Tensor:
+    """q: [B, H, D]; keys/vals: [B, kvh, L, D] in q's dtype -> [B, H, D]."""
+    b, h, d = q.shape
+    kvh = keys.shape[1]
     if q.dtype == torch.float32:
         # enable_gqa: each K/V head serves its group of query heads without being repeated
         out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, vals, attn_mask=mask, scale=scale, enable_gqa=True)
@@ -89,13 +104,83 @@ def prefill_one(
     return out[0].transpose(0, 1)
 
 
+def store_kv_quant(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    k_scale: torch.Tensor, v_scale: torch.Tensor, slots: torch.Tensor,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Quantize each new token's K/V per head and write values and scales to its slot.
+
+    Returns the quantized (values, scales) of K and of V, exactly what was stored."""
+    kvh, d = k.shape[1], k.shape[2]
+    kq, ks = quantize_kv(k, k_cache.dtype)
+    vq, vs = quantize_kv(v, v_cache.dtype)
+    as_bits(k_cache).view(-1, kvh, d).index_copy_(0, slots, as_bits(kq))
+    as_bits(v_cache).view(-1, kvh, d).index_copy_(0, slots, as_bits(vq))
+    k_scale.view(-1, kvh).index_copy_(0, slots, ks)
+    v_scale.view(-1, kvh).index_copy_(0, slots, vs)
+    return (kq, ks), (vq, vs)
+
+
+def gather_dequant(cache: torch.Tensor, scales: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Flat slots [N] -> dequantized [N, kv_heads, head_dim] in ``dtype``."""
+    kvh, d = cache.shape[2], cache.shape[3]
+    vals = as_bits(cache).view(-1, kvh, d).index_select(0, slots).view(cache.dtype)
+    return dequantize_kv(vals, scales.view(-1, kvh).index_select(0, slots), dtype)
+
+
+def forward_quant(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    k_scale: torch.Tensor, v_scale: torch.Tensor, meta: AttentionMetadata, scale: float,
+) -> torch.Tensor:
+    """The int8/fp8 cache path: quantize on store, dequantize every key and value read."""
+    (kq, ks), (vq, vs) = store_kv_quant(k, v, k_cache, v_cache, k_scale, v_scale, meta.slot_mapping)
+    bs, kvh, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    if torch.compiler.is_compiling():  # decode-only batches, tensors only (see TorchAttentionBackend)
+        max_len = meta.block_tables.shape[1] * bs
+        slots, mask = decode_gather_slots(meta.block_tables, meta.seq_lens, max_len, bs, masked=True)
+        nd, lens = q.shape[0], None
+    else:
+        nd = meta.num_decode_seqs
+        lens = meta.seq_lens_list[:nd]
+    parts = []
+    if nd:
+        if lens is not None:
+            if "decode_slots" not in meta.scratch:
+                meta.scratch["decode_slots"] = decode_gather_slots(
+                    meta.block_tables[:nd], meta.seq_lens[:nd], max(lens), bs, masked=min(lens) != max(lens))
+            slots, mask = meta.scratch["decode_slots"]
+        keys = gather_dequant(k_cache, k_scale, slots, q.dtype).view(nd, -1, kvh, d).transpose(1, 2)
+        vals = gather_dequant(v_cache, v_scale, slots, q.dtype).view(nd, -1, kvh, d).transpose(1, 2)
+        parts.append(decode_attend(q[:nd], keys, vals, mask, scale))
+    if lens is None:
+        return parts[0]
+    start = nd
+    for i in range(nd, meta.num_seqs):
+        lq, sl = meta.query_lens_list[i], meta.seq_lens_list[i]
+        if lq == sl:  # nothing cached before: the chunk's own K/V, as stored (quantized)
+            ki = dequantize_kv(kq[start : start + lq], ks[start : start + lq], q.dtype)
+            vi = dequantize_kv(vq[start : start + lq], vs[start : start + lq], q.dtype)
+        else:
+            pos = torch.arange(sl, device=q.device)
+            table = meta.block_tables[i].long()
+            slots_i = table[pos // bs] * bs + pos % bs
+            ki = gather_dequant(k_cache, k_scale, slots_i, q.dtype)
+            vi = gather_dequant(v_cache, v_scale, slots_i, q.dtype)
+        parts.append(prefill_one(q[start : start + lq], ki, vi, sl, scale))
+        start += lq
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
 class TorchAttentionBackend:
     name = "torch"
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
         v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if k_scale is not None:  # int8 / fp8 cache (the runner binds the scales, see kv_quant.QuantKVLayer)
+            return forward_quant(q, k, v, k_cache, v_cache, k_scale, v_scale, meta, scale)
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         bs = k_cache.shape[1]
         if torch.compiler.is_compiling():

@@ -9,6 +9,10 @@ concatenated. On a GPU, decode splits long contexts across programs
 
 On CPU this runs under ``TRITON_INTERPRET=1`` (set it before triton is first
 imported); that is for testing, the torch backend is the CPU fast path.
+
+int8 / fp8 caches: the runner binds each layer's scale pools
+(kv_quant.QuantKVLayer) and they are passed to the three kernels, which
+quantize on store and dequantize on load.
 """
 from __future__ import annotations
 
@@ -35,20 +39,22 @@ class TritonAttentionBackend:
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
         v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        sc = {"k_scale": k_scale, "v_scale": v_scale}
+        store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, **sc)
         out = torch.empty_like(q)
         nd = meta.num_decode_seqs
         if nd:
             max_len = max(meta.seq_lens_list[:nd])
             splits = choose_num_splits(nd, k_cache.shape[2], max_len, self._sms(q.device))
             paged_decode_attention_split(
-                q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale, splits, out=out[:nd]
+                q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale, splits, out=out[:nd], **sc
             )
         if nd < meta.num_seqs:
             max_q = max(meta.query_lens_list[nd:])
             prefill_attention(
                 q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables, scale,
-                out=out, max_query_len=max_q, first_seq=nd,
+                out=out, max_query_len=max_q, first_seq=nd, **sc,
             )
         return out

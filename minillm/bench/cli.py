@@ -1,7 +1,9 @@
-"""`minillm bench {latency,throughput,roofs}`: argument parsing and model loading.
+"""`minillm bench {latency,throughput,serve,prefix,roofs}`: argument parsing and model loading.
 
-    python -m minillm.bench latency --compare transformers --json latency.json
+    python -m minillm.bench latency --compare transformers,llama.cpp --json latency.json
     python -m minillm.bench throughput --compare transformers --num-requests 128
+    python -m minillm.bench serve --num-requests 32 --max-concurrency 8
+    python -m minillm.bench prefix --prefix-len 1024
     python -m minillm.bench roofs --remeasure
 """
 from __future__ import annotations
@@ -20,6 +22,17 @@ from minillm.bench.workload import LatencyWorkload, ThroughputWorkload
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+PEERS = ("transformers", "llama.cpp")
+
+
+def _peer_list(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in PEERS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown peer {', '.join(bad) or repr(text)}; choose from {', '.join(PEERS)}")
+    return names
+
+
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -28,8 +41,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--compare", choices=["transformers"], action="append", default=[],
-                   help="also run this peer on the same workload, interleaved")
+    p.add_argument("--compare", type=_peer_list, action="append", default=[],
+                   help="also run these peers on the same workload, interleaved: transformers, llama.cpp "
+                        "(repeat the flag or give a comma list: --compare transformers,llama.cpp)")
+    p.add_argument("--repack", choices=["0", "1", "both"], default="both",
+                   help="llama.cpp's runtime weight repacking (use_extra_bufts): off, on, or both as two peers")
     p.add_argument("--hf-cache", choices=["dynamic", "static"], default="dynamic",
                    help="transformers' KV cache implementation")
     p.add_argument("--threads", type=int, default=None, help="torch threads for every subject (default: torch's)")
@@ -65,6 +81,39 @@ def build_parser() -> argparse.ArgumentParser:
     thr.add_argument("--max-num-seqs", type=int, default=128)
     thr.add_argument("--max-num-batched-tokens", type=int, default=2048)
     thr.add_argument("--hf-batch-size", type=int, default=32, help="transformers' static batch size")
+
+    srv = sub.add_parser("serve", help="concurrent streaming clients against a live OpenAI-compatible server: "
+                                       "TTFT/TPOT/ITL/e2e percentiles, request throughput")
+    srv.add_argument("--url", default=None, help="a running server (e.g. http://127.0.0.1:8000); "
+                                                 "default: start minillm's server in this process on a free loopback port")
+    srv.add_argument("--served-model-name", default=None, help="the model name the server expects (with --url)")
+    srv.add_argument("--vocab-size", type=int, default=None, help="prompt token ids are drawn below this (with --url)")
+    srv.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
+    srv.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    srv.add_argument("--device", default=None)
+    srv.add_argument("--num-requests", type=int, default=64)
+    srv.add_argument("--prompt-len-range", type=int, nargs=2, default=[32, 384], metavar=("MIN", "MAX"))
+    srv.add_argument("--output-len-range", type=int, nargs=2, default=[16, 192], metavar=("MIN", "MAX"))
+    srv.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (default: all at once)")
+    srv.add_argument("--max-concurrency", type=int, default=32, help="requests in flight at most")
+    srv.add_argument("--max-num-seqs", type=int, default=128)
+    srv.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    srv.add_argument("--kv-cache-mb", type=int, default=None)
+    srv.add_argument("--threads", type=int, default=None)
+    srv.add_argument("--seed", type=int, default=0)
+    srv.add_argument("--json", dest="json_out", default=None)
+
+    pre = sub.add_parser("prefix", help="TTFT with prefix caching on vs off for a long shared system prompt")
+    pre.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
+    pre.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    pre.add_argument("--device", default=None)
+    pre.add_argument("--prefix-len", type=int, default=1024)
+    pre.add_argument("--num-turns", type=int, default=8)
+    pre.add_argument("--turn-len-range", type=int, nargs=2, default=[16, 64], metavar=("MIN", "MAX"))
+    pre.add_argument("--threads", type=int, default=None)
+    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--quiet", action="store_true")
+    pre.add_argument("--json", dest="json_out", default=None)
 
     roofs = sub.add_parser("roofs", help="measure (or show the cached) bandwidth and matmul roofs")
     roofs.add_argument("--device", default=None)
@@ -103,13 +152,53 @@ def _subjects(args: argparse.Namespace, device: str, kv_bytes: int | None = None
         cache = None if args.hf_cache == "dynamic" else args.hf_cache
         subjects.append(load_transformers(args.model, DTYPES[args.dtype], device, cache,
                                           getattr(args, "hf_batch_size", 32)))
+    if "llama.cpp" in args.compare:
+        subjects += _llama_cpp_subjects(args)
     return subjects
+
+
+def _llama_cpp_subjects(args: argparse.Namespace) -> list:
+    """llama.cpp on the same GGUF, repack on and/or off; a clear message (and no peer) when it can't run."""
+    from minillm.bench.hf_subject import resolve_model_path
+    from minillm.bench.llamacpp_subject import llama_cpp_available, load_llama_cpp
+
+    ok, why = llama_cpp_available()
+    if not ok:
+        _log(why)
+        args.peer_notes["llama.cpp"] = why
+        return []
+    folder, gguf = resolve_model_path(args.model)
+    if gguf is None:
+        args.peer_notes["llama.cpp"] = f"llama.cpp peer skipped: it needs a GGUF file, got the folder {folder}"
+        _log(args.peer_notes["llama.cpp"])
+        return []
+    out = []
+    for repack in {"0": [False], "1": [True], "both": [True, False]}[args.repack]:
+        _log(f"loading llama.cpp ({gguf}, repack {'on' if repack else 'off'})")
+        try:
+            out.append(load_llama_cpp(f"{folder}/{gguf}", repack, torch.get_num_threads(),
+                                      max_num_seqs=getattr(args, "max_num_seqs", 64)))
+        except Exception as e:  # a broken build must not stop the other subjects
+            args.peer_notes[f"llama.cpp repack={int(repack)}"] = f"failed to load: {type(e).__name__}: {e}"
+            _log(args.peer_notes[f"llama.cpp repack={int(repack)}"])
+    return out
 
 
 def _settings(args: argparse.Namespace, device: str) -> dict[str, Any]:
     return {"model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)", "device": device,
             "threads": torch.get_num_threads(), "compare": list(args.compare), "hf_cache": args.hf_cache,
-            "prefix_caching": False, "compile": args.compile, "seed": args.seed, "wait_quiet_s": args.wait_quiet}
+            "prefix_caching": False, "compile": args.compile, "seed": args.seed, "wait_quiet_s": args.wait_quiet,
+            **_llama_cpp_settings(args)}
+
+
+def _llama_cpp_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """How llama.cpp was driven, its version and build, and why it did not run (when it didn't)."""
+    if "llama.cpp" not in args.compare:
+        return {}
+    from minillm.bench.llamacpp_subject import DRIVEN, llama_cpp_version, system_info
+
+    return {"llama_cpp": {"version": llama_cpp_version(), "driven": DRIVEN, "repack": args.repack,
+                          "system_info": system_info(), "notes": dict(args.peer_notes)}}
 
 
 def _latency(args: argparse.Namespace) -> dict[str, Any]:
@@ -153,6 +242,73 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _serve(args: argparse.Namespace) -> dict[str, Any]:
+    from minillm.bench.report import build_report, format_serve
+    from minillm.bench.serve import ServeWorkload, bench_serve
+    from minillm.roofline.machine import machine_info
+
+    device = _device(args)
+    wl = ServeWorkload(args.num_requests, tuple(args.prompt_len_range), tuple(args.output_len_range),
+                       args.request_rate, args.max_concurrency, args.seed)
+    settings: dict[str, Any] = {"threads": torch.get_num_threads(), "seed": args.seed}
+    if args.url:
+        name = args.served_model_name or "SmolLM2-135M-Instruct"
+        summary = bench_serve(args.url, name, wl, args.vocab_size or 49152)
+        settings.update(server=args.url, model=name, in_process=False)
+    else:
+        from minillm import LLM
+        from minillm.server.app import create_app
+        from minillm.server.background import ServerThread
+
+        _log(f"loading minillm ({args.dtype}, {device}) and serving it on loopback")
+        llm = LLM(args.model, dtype=args.dtype, device=device, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False,
+                  kv_cache_memory_bytes=None if args.kv_cache_mb is None else args.kv_cache_mb * 2**20)
+        name = "minillm-bench"
+        with ServerThread(create_app(llm.engine, llm.tokenizer, name)) as srv:
+            _log(f"server at {srv.url}; {wl.num_requests} requests, {wl.max_concurrency} in flight at most")
+            summary = bench_serve(srv.url, name, wl, llm.engine.model.config.vocab_size)
+        settings.update(server="in-process uvicorn on loopback (clients share the process)", in_process=True,
+                        model=args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)",
+                        dtype=args.dtype, device=device, max_num_seqs=args.max_num_seqs,
+                        max_num_batched_tokens=args.max_num_batched_tokens, prefix_caching=False)
+    from minillm.bench.runner import _context
+
+    report = build_report("serve", **_context(None, device), settings=settings, workload=wl.to_dict(), **summary)
+    print(format_serve(summary))
+    return report
+
+
+def _prefix(args: argparse.Namespace) -> dict[str, Any]:
+    from minillm.bench.minillm_subject import kv_bytes_for, load_minillm
+    from minillm.bench.prefix import PrefixWorkload, measure_prefix, summarize_prefix, twin_engines
+    from minillm.bench.report import build_report, format_prefix
+    from minillm.bench.runner import _context
+    from minillm.roofline.machine_state import probe_machine_state
+
+    device = _device(args)
+    wl = PrefixWorkload(args.prefix_len, args.num_turns, tuple(args.turn_len_range), seed=args.seed)
+    _log(f"loading minillm ({args.dtype}, {device})")
+    subject = load_minillm(args.model, args.dtype, device)
+    cfg = subject.config
+    warm, turns = wl.prompts(cfg.vocab_size)
+    # a pool that holds every prompt at once: the cached prefix is never evicted during the run
+    kv = kv_bytes_for(cfg, subject.engine.runner.spec.dtype, [len(p) + wl.output_len for p in [warm, *turns]])
+    engines = twin_engines(subject, kv)
+    before = probe_machine_state()
+    raw = measure_prefix(engines, wl, cfg.vocab_size, log=(lambda s: None) if args.quiet else _log)
+    after = probe_machine_state()
+    summary = summarize_prefix(raw)
+    settings = {"model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)", "dtype": args.dtype,
+                "device": device, "threads": torch.get_num_threads(), "seed": args.seed, "kv_cache_bytes": kv,
+                "block_size": engines["cached"].cache_config.block_size}
+    report = build_report("prefix", **_context(None, device),
+                          machine_state={"before": before.to_dict(), "after": after.to_dict()},
+                          settings=settings, workload=wl.to_dict(), **summary)
+    print(format_prefix(summary))
+    return report
+
+
 def _show_roofs(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench.report import jsonable
     from minillm.roofline.roofs import get_roofs
@@ -172,9 +328,12 @@ def _warn_if_noisy(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threads:
+    args.compare = list(dict.fromkeys(p for group in getattr(args, "compare", []) for p in group))
+    args.peer_notes = {}  # peer name -> why it did not run
+    if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
-    report = {"latency": _latency, "throughput": _throughput, "roofs": _show_roofs}[args.command](args)
+    report = {"latency": _latency, "throughput": _throughput, "serve": _serve, "prefix": _prefix,
+              "roofs": _show_roofs}[args.command](args)
     _warn_if_noisy(report)
     if args.json_out:
         write_json(report, args.json_out)

@@ -98,3 +98,26 @@ def format_roofs(roofs: Any) -> str:
     for name, m in roofs.matmul.items():
         lines.append(f"  matmul {name:9s} {m.median / 1e9:.0f} GFLOP/s (n={m.params.get('n')})")
     return "\n".join(lines)
+
+
+def format_serve(summary: dict[str, Any]) -> str:
+    ms = lambda d: f"p50 {_fmt(d['p50'] * 1e3)} / p90 {_fmt(d['p90'] * 1e3)} / p99 {_fmt(d['p99'] * 1e3)} ms"
+    lines = [f"serve: {summary['num_completed']}/{summary['num_requests']} requests completed "
+             f"({summary['num_errors']} errors) in {summary['wall_s']:.2f} s",
+             f"  {summary['requests_per_s']:.2f} req/s, {summary['output_tok_s']:.1f} output tok/s, "
+             f"{summary['total_tok_s']:.1f} total tok/s",
+             f"  TTFT {ms(summary['ttft_s'])}", f"  TPOT {ms(summary['tpot_s'])}",
+             f"  ITL  {ms(summary['itl_s'])}", f"  e2e  {ms(summary['e2e_s'])}"]
+    lines += [f"  error: {e}" for e in summary["errors"][:3]]
+    return "\n".join(lines)
+
+
+def format_prefix(summary: dict[str, Any]) -> str:
+    lines = ["prefix caching: TTFT of user turns after a shared prefix (medians)"]
+    for name, f in summary["figures"].items():
+        lines.append(f"  {name:9s} TTFT {_med(f['ttft_s']) * 1e3:8.1f} ms; prompt tokens computed "
+                     f"{f['computed_prompt_tokens']}, found in the cache {f['prefix_hit_tokens']}")
+    r = summary["ratios"]
+    lines.append(f"  TTFT cut x{_fmt(r['ttft_cut'])} (paired x{_fmt(r['ttft_cut_paired'])}); "
+                 f"computed tokens cut x{_fmt(r['computed_tokens_cut'])}")
+    return "\n".join(lines + ["targets"] + format_targets(summary["targets"]))

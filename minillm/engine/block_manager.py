@@ -165,6 +165,24 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
+    def trim(self, seq: Sequence) -> None:
+        """Speculative rollback: free the blocks past the computed (accepted) tokens, tail first.
+
+        Only lookahead blocks are dropped; they were allocated this step and never
+        registered, so no prefix hash can name a rejected token.
+        """
+        keep = self.blocks_needed(seq.num_computed_tokens)
+        while len(seq.block_table) > keep:
+            bid = seq.block_table.pop()
+            block = self.blocks[bid]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"double free of block {bid}"
+            if block.ref_count == 0:
+                self.free_queue[bid] = None
+                if block.block_hash is None:
+                    self.free_queue.move_to_end(bid, last=False)
+                self.events.freed.append(bid)
+
     def take_events(self) -> BlockEvents:
         ev, self.events = self.events, BlockEvents()
         return ev

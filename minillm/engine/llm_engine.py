@@ -27,6 +27,7 @@ from minillm.engine.sequence import Sequence
 from minillm.engine import trace as tr
 from minillm.models.llama import LlamaForCausalLM
 from minillm.sampling_params import SamplingParams
+from minillm.spec.config import SpecConfig, parse_speculative
 
 
 class RequestError(ValueError):
@@ -60,8 +61,11 @@ class LLMEngine:
         scheduler_config: SchedulerConfig | None = None,
         attention_backend: str = "torch",
         compile: bool = False,
+        speculative: "SpecConfig | dict | None" = None,
+        tensor_parallel: "TensorParallelConfig | None" = None,
     ) -> None:
         self.model = model.eval()
+        self.model_config = model.config  # the whole model (a TP shard's model.config is its rank's slice)
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids or model.config.eos_token_id)
         self.cache_config = cache_config or CacheConfig()
@@ -70,8 +74,17 @@ class LLMEngine:
         self.max_model_len = min(sc.max_model_len or model.config.max_position_embeddings,
                                  model.rotary.cos.shape[0])
         device = model.embed_tokens.weight.device
-        spec = plan_kv_cache(model, self.cache_config, device)
-        self.runner = ModelRunner(model, spec, attention_backend, compile=compile)
+        if tensor_parallel is not None and tensor_parallel.size > 1:
+            # minillm/parallel: shards the model over N ranks; run() has ModelRunner's interface
+            from minillm.parallel.executor import TPExecutor
+
+            if compile:
+                raise ValueError("compile=True is not supported with tensor_parallel_size > 1")
+            self.runner = TPExecutor(model, tensor_parallel, self.cache_config, attention_backend)
+            spec = self.runner.spec
+        else:
+            spec = plan_kv_cache(model, self.cache_config, device)
+            self.runner = ModelRunner(model, spec, attention_backend, compile=compile)
         self.block_manager = BlockManager(spec.num_blocks, spec.block_size, self.cache_config.enable_prefix_caching)
         self.scheduler = Scheduler(sc, self.block_manager)
         if not sc.enable_chunked_prefill and sc.max_num_batched_tokens < self.max_model_len:
@@ -82,8 +95,19 @@ class LLMEngine:
         self._num_steps = 0
         self._seq_ids = itertools.count()
         self._pending = _Pending()
+        # speculative decoding (minillm/spec): k lookahead slots per decoding sequence, step via spec_step
+        self.spec = parse_speculative(speculative)
+        self.proposer = None
+        if self.spec is not None:
+            from minillm.spec.step import make_proposer
+
+            self.proposer = make_proposer(self.spec, self)
+            self.scheduler.num_lookahead_slots = self.spec.num_tokens
         self._weight_bytes_per_param = model.embed_tokens.weight.element_size()
-        self._kv_elem_bytes = torch.empty((), dtype=spec.dtype).element_size()
+        # bytes per cached K/V element as stored, per-token-per-head scales included (int8/fp8 caches)
+        cfg = model.config
+        self._kv_elem_bytes = spec.bytes_per_block / (
+            spec.block_size * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim)
 
     # ----- requests ----------------------------------------------------------------
     def add_request(
@@ -165,6 +189,10 @@ class LLMEngine:
     # ----- the step ----------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run, sample, update; returns outputs of requests that changed."""
+        if self.spec is not None:
+            from minillm.spec.step import spec_step
+
+            return spec_step(self)
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         result = self.runner.run(sched.chunks) if sched.chunks else None
@@ -269,7 +297,7 @@ class LLMEngine:
                 c.num_computed_before + c.num_new_tokens, c.num_prefix_hit_tokens, c.seq.num_prompt_tokens, did_sample,
             ))
         cost = step_cost(
-            self.model.config,
+            self.model_config,
             [(c.num_new_tokens, c.num_computed_before + c.num_new_tokens) for c in sched.chunks],
             sum(sampled), self._weight_bytes_per_param, self._kv_elem_bytes,
         ) if sched.chunks else None
@@ -299,8 +327,24 @@ class LLMEngine:
             flops=cost.flops if cost else 0.0, bytes_moved=cost.bytes_moved if cost else 0.0,
             weight_bytes=cost.weight_bytes if cost else 0.0,
             kv_read_bytes=cost.kv_read_bytes if cost else 0.0, kv_write_bytes=cost.kv_write_bytes if cost else 0.0,
+            **self._comm_fields(),
         ))
         self._num_steps += 1
+
+    def _comm_fields(self) -> dict[str, float]:
+        """This step's tensor-parallel communication (the executor counts it; one rank has none)."""
+        take = getattr(self.runner, "take_comm_stats", None)
+        if take is None:
+            return {}
+        c = take()
+        return {"allreduce_bytes": float(c.allreduce_bytes), "allgather_bytes": float(c.allgather_bytes),
+                "comm_time_s": c.time_s}
+
+    def close(self) -> None:
+        """Stop tensor-parallel workers, if any (a one-rank engine holds nothing to release)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
 
     # ----- conveniences -------------------------------------------------------------------
     def live_sequences(self) -> list[Sequence]:

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minillm.attention.kv_quant import SCALE_DTYPE, QuantKVLayer, is_quantized, kv_bytes_per_token, resolve_kv_cache_dtype
 from minillm.attention.metadata import AttentionMetadata
 from minillm.config import CacheConfig
 from minillm.engine.sampler import SampleResult, sample
@@ -47,15 +48,20 @@ def _frozen_compile(fn):
 class KVCacheSpec:
     num_blocks: int
     block_size: int
-    dtype: torch.dtype
-    bytes_per_block: int
+    dtype: torch.dtype  # storage dtype: the model's (or cache_dtype), or int8 / float8_e4m3fn
+    bytes_per_block: int  # K and V of all layers, per-token-per-head scales included when quantized
+
+    @property
+    def quantized(self) -> bool:
+        return is_quantized(self.dtype)
 
 
 def plan_kv_cache(model: LlamaForCausalLM, cache: CacheConfig, device: torch.device) -> KVCacheSpec:
     """Number of blocks that fit the budget: bytes given, or a fraction of free GPU memory."""
     cfg = model.config
-    dtype = cache.cache_dtype or model.embed_tokens.weight.dtype
-    per_block = cfg.kv_bytes_per_token(dtype) * cache.block_size
+    # kv_cache_dtype "int8"/"fp8": quantized values + fp32 scales, so the same bytes hold more tokens
+    dtype = resolve_kv_cache_dtype(cache.kv_cache_dtype) or cache.cache_dtype or model.embed_tokens.weight.dtype
+    per_block = kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype) * cache.block_size
     if cache.num_blocks is not None:
         n = cache.num_blocks
     elif cache.kv_cache_memory_bytes is not None:
@@ -86,6 +92,15 @@ class ModelRunner:
         # copied whole by torch.compile at every layer)
         self.k_caches = [torch.zeros(shape, dtype=spec.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
         self.v_caches = [torch.zeros(shape, dtype=spec.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
+        # int8/fp8 caches: one fp32 scale per (slot, kv head) for K and for V, bound to each layer
+        self.k_scales: list[torch.Tensor] = []
+        self.v_scales: list[torch.Tensor] = []
+        self.layer_backends: list = [self.backend] * cfg.num_hidden_layers
+        if spec.quantized:
+            sshape = shape[:3]
+            self.k_scales = [torch.ones(sshape, dtype=SCALE_DTYPE, device=self.device) for _ in self.k_caches]
+            self.v_scales = [torch.ones(sshape, dtype=SCALE_DTYPE, device=self.device) for _ in self.v_caches]
+            self.layer_backends = [QuantKVLayer(self.backend, ks, vs) for ks, vs in zip(self.k_scales, self.v_scales)]
         self.attach()
         # Decode steps are many small ops (~1,500 per step at batch 1): torch.compile fuses them.
         # Prefill chunks stay eager; they are few, large and shape-diverse.
@@ -97,12 +112,12 @@ class ModelRunner:
 
     def attach(self) -> None:
         """Point every attention layer at this runner's pool (a model may serve several engines in turn)."""
-        for attn, k, v in zip(self.model.attention_layers(), self.k_caches, self.v_caches):
-            attn.k_cache, attn.v_cache, attn.backend = k, v, self.backend
+        for attn, k, v, b in zip(self.model.attention_layers(), self.k_caches, self.v_caches, self.layer_backends):
+            attn.k_cache, attn.v_cache, attn.backend = k, v, b
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k_caches + self.v_caches)
+        return sum(t.numel() * t.element_size() for t in self.k_caches + self.v_caches + self.k_scales + self.v_scales)
 
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk]) -> SampleResult | None:
@@ -131,3 +146,46 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=self.device)])
         sampled = [c.seq for c in chunks if c.completes]
         return sample(logits, [s.params for s in sampled], [s.generator for s in sampled])
+
+    @torch.inference_mode()
+    def run_verify(self, chunks: list[ScheduledChunk], drafts: list[list[int]]) -> list[torch.Tensor | None]:
+        """Speculative decoding: like `run`, but chunk i also feeds its draft tokens drafts[i].
+
+        Returns, per chunk that completes its sequence, the target's logits at its last
+        1 + len(drafts[i]) positions (row j scores the token after draft[:j]); None otherwise.
+        Sampling is left to the verifier.
+        """
+        self.attach()
+        # decodes (one query token, no draft) first, as the attention layout requires
+        order = [i for i, c in enumerate(chunks) if c.num_new_tokens == 1 and not drafts[i]]
+        first = set(order)
+        order += [i for i in range(len(chunks)) if i not in first]
+        ids: list[int] = []
+        positions: list[int] = []
+        query_lens, seq_lens, tables = [], [], []
+        rows: dict[int, tuple[int, int]] = {}
+        for i in order:
+            c, d = chunks[i], drafts[i]
+            start, end = c.num_computed_before, c.num_computed_before + c.num_new_tokens
+            ids.extend(c.seq.token_ids[start:end])
+            ids.extend(d)
+            positions.extend(range(start, end + len(d)))
+            query_lens.append(c.num_new_tokens + len(d))
+            seq_lens.append(end + len(d))
+            tables.append(c.seq.block_table)
+            if c.completes:
+                rows[i] = (len(ids) - 1 - len(d), len(ids))
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.spec.block_size, self.device)
+        forward = self.model.forward
+        if self.compiled_decode is not None and meta.num_decode_seqs == meta.num_seqs:
+            forward = self.compiled_decode
+        hidden = forward(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), meta)
+        out: list[torch.Tensor | None] = [None] * len(chunks)
+        if rows:
+            sel = torch.tensor([r for a, b in rows.values() for r in range(a, b)], device=self.device)
+            logits = self.model.compute_logits(hidden[sel])
+            at = 0
+            for i, (a, b) in rows.items():
+                out[i] = logits[at : at + b - a]
+                at += b - a
+        return out

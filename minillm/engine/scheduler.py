@@ -27,6 +27,7 @@ class ScheduledChunk:
     num_new_tokens: int
     num_computed_before: int
     num_prefix_hit_tokens: int = 0  # taken from the prefix cache when admitted this step
+    num_lookahead: int = 0  # speculative decoding: extra slots (budget and KV) for draft tokens
 
     @property
     def completes(self) -> bool:
@@ -59,6 +60,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.parked: list[Sequence] = []  # n > 1 siblings waiting for the first one's prompt
+        self.num_lookahead_slots = 0  # speculative decoding: k draft slots per decoding sequence
 
     def add(self, seq: Sequence) -> None:
         if seq.wait_for_parent is not None:
@@ -80,16 +82,19 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
-            while not self.bm.can_allocate(seq, n):
+            look = min(self.num_lookahead_slots, budget - n) if seq.num_uncomputed_tokens == 1 else 0
+            if look and not self.bm.can_allocate(seq, n + look):
+                look = 0  # a tight pool: decode plainly rather than preempt for a guess
+            while not self.bm.can_allocate(seq, n + look):
                 victim = self.running[-1]
                 self._preempt(victim, out, f"kv_pool_full: no free block for seq {seq.seq_id} "
                               f"({self.bm.num_free_blocks} free of {self.bm.num_blocks})")
                 if victim is seq:
                     break
             else:
-                self.bm.allocate(seq, n)
-                scheduled.append(ScheduledChunk(seq, n, seq.num_computed_tokens))
-                budget -= n
+                self.bm.allocate(seq, n + look)
+                scheduled.append(ScheduledChunk(seq, n, seq.num_computed_tokens, num_lookahead=look))
+                budget -= n + look
                 i += 1
                 continue
             # seq itself was preempted; the list shrank, keep index

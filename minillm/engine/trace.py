@@ -12,7 +12,7 @@ step's record.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Iterable, Literal
 
 Phase = Literal["prefill", "decode", "verify"]
@@ -66,9 +66,14 @@ class Preemption:
 
 @dataclass(frozen=True)
 class SpecRecord:
+    """One sequence's speculation in a step (it held lookahead slots; it may have proposed nothing)."""
+
     seq_id: int
     num_proposed: int
-    num_accepted: int
+    num_accepted: int  # leading draft tokens the target agreed with
+    draft_token_ids: tuple[int, ...] = ()
+    num_emitted: int = 0  # accepted + the target's own token, cut short by a stop condition
+    bonus: bool = False  # every draft accepted: the extra token came for free
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,11 @@ class StepTrace:
     weight_bytes: float
     kv_read_bytes: float
     kv_write_bytes: float
+    # tensor parallelism (minillm/parallel): this step's collective payloads per rank and
+    # the wall time rank 0 spent in them; 0 with one rank. Defaults keep old traces loadable.
+    allreduce_bytes: float = 0.0
+    allgather_bytes: float = 0.0
+    comm_time_s: float = 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -143,6 +153,8 @@ class StepTrace:
         }
         kw: dict[str, Any] = {}
         for f in fields(cls):
+            if f.name not in d and f.default is not MISSING:  # a field newer than the trace
+                continue
             v = d[f.name]
             if f.name in nested:
                 kw[f.name] = tuple(nested[f.name](**{k: tuple(x) if isinstance(x, list) else x for k, x in item.items()}) for item in v)

@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from minillm.engine.trace import StepTrace
+from minillm.roofline.steps import RoofPair, roofline_summary, trace_roofline
 
 
 @dataclass
@@ -109,6 +110,8 @@ class TraceSummary:
     num_preemptions: int
     preemption_reasons: dict[str, int]
     spec_acceptance: float | None
+    # per phase: achieved FLOP/s and bytes/s against the measured roofs (summarize(..., roofs=...))
+    roofline: dict[str, dict[str, float]] | None = None
 
     def format(self) -> str:
         ms = lambda d: f"p50 {d['p50'] * 1e3:.1f} ms, p90 {d['p90'] * 1e3:.1f} ms, p99 {d['p99'] * 1e3:.1f} ms"
@@ -124,10 +127,16 @@ class TraceSummary:
         ]
         if self.spec_acceptance is not None:
             lines.append(f"speculative acceptance: {self.spec_acceptance:.1%}")
+        for phase, r in (self.roofline or {}).items():
+            if phase != "all":
+                lines.append(f"roofline {phase}: {r['num_steps']:.0f} steps, median {r['median_intensity']:.1f} FLOP/B, "
+                             f"{r['median_achieved_flops_per_s'] / 1e9:.1f} GFLOP/s, "
+                             f"{r['median_achieved_bytes_per_s'] / 1e9:.1f} GB/s = {r['median_roof_fraction']:.0%} of the roof")
         return "\n".join(lines)
 
 
-def summarize(trace: list[StepTrace]) -> TraceSummary:
+def summarize(trace: list[StepTrace], roofs: RoofPair | None = None) -> TraceSummary:
+    """Serving metrics of a trace; with the machine's roofs, each phase's place on the roofline too."""
     tls = list(request_timelines(trace).values())
     if trace:
         start = min([trace[0].start_time] + [t.arrival_time for t in tls])
@@ -161,4 +170,5 @@ def summarize(trace: list[StepTrace]) -> TraceSummary:
         prefix_hit_rate=hits / queried if queried else 0.0, prefix_hit_tokens=hits,
         num_preemptions=sum(reasons.values()), preemption_reasons=reasons,
         spec_acceptance=accepted / proposed if proposed else None,
+        roofline=roofline_summary(trace_roofline(trace, roofs)) if roofs is not None else None,
     )

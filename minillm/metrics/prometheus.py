@@ -30,6 +30,7 @@ from typing import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from minillm.engine.trace import StepTrace
+from minillm.roofline.steps import RoofPair, step_roofline
 
 # Bucket edges as in vLLM, so histograms from both engines line up.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -65,7 +66,10 @@ class _Index:
 class TraceMetrics:
     """A Prometheus view of the engine, updated from StepTrace records only."""
 
-    def __init__(self, model_name: str = "minillm", registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, model_name: str = "minillm", registry: CollectorRegistry | None = None,
+                 roofs: RoofPair | None = None) -> None:
+        """roofs: the machine's measured roofs; with them, each step's fraction of its roof is exported too."""
+        self.roofs = roofs
         self.registry = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
         r, lab = self.registry, ["model_name"]
@@ -101,11 +105,33 @@ class TraceMetrics:
             "request_queue_time_seconds", "Arrival to the first step that scheduled the request.", LATENCY_BUCKETS)
         self.iteration_tokens = histogram(
             "iteration_tokens_total", "Tokens computed per engine step.", ITERATION_TOKEN_BUCKETS)
+        # The roofline of the last step that computed tokens (analytic FLOPs and bytes over its wall time),
+        # plus running totals: rate(minillm:model_flops_total) / rate(minillm:engine_step_seconds_total)
+        # is the average achieved FLOP/s over any window.
+        self.step_flops_per_second = gauge("step_achieved_flops_per_second", "Achieved FLOP/s of the last step.")
+        self.step_bytes_per_second = gauge("step_achieved_bytes_per_second", "Achieved bytes/s of the last step.")
+        self.step_intensity = gauge("step_arithmetic_intensity", "FLOPs per byte moved of the last step.")
+        self.model_flops = counter("model_flops", "Analytic FLOPs of all steps.")
+        self.model_bytes = counter("model_bytes", "Analytic bytes moved (weights, KV read and written) of all steps.")
+        self.step_seconds = counter("engine_step_seconds", "Wall time of the steps that computed tokens.")
+        roof_metrics = []
+        if roofs is not None:
+            self.step_roof_fraction = gauge(
+                "step_roof_fraction", "Last step's achieved FLOP/s over the roof at its intensity (1 = on the roof).")
+            self.step_bandwidth_fraction = gauge(
+                "step_bandwidth_fraction", "Last step's achieved bytes/s over the measured copy bandwidth.")
+            self.roof_bandwidth = gauge("roof_bandwidth_bytes_per_second", "The machine's measured copy bandwidth.")
+            self.roof_flops = gauge("roof_peak_flops_per_second", "The machine's measured matmul FLOP/s.")
+            self.roof_bandwidth.labels(model_name).set(roofs.bandwidth_bytes_per_s)
+            self.roof_flops.labels(model_name).set(roofs.peak_flops_per_s)
+            roof_metrics = [self.step_roof_fraction, self.step_bandwidth_fraction]
         # Create every series now so a scrape shows zeros rather than nothing before the first request.
         for metric in (self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage_perc,
                        self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions, self.prompt_tokens,
                        self.generation_tokens, self.time_to_first_token, self.time_per_output_token,
-                       self.e2e_request_latency, self.request_queue_time, self.iteration_tokens):
+                       self.e2e_request_latency, self.request_queue_time, self.iteration_tokens,
+                       self.step_flops_per_second, self.step_bytes_per_second, self.step_intensity, self.model_flops,
+                       self.model_bytes, self.step_seconds, *roof_metrics):
             metric.labels(model_name)
         for reason in FINISH_REASONS:
             self.request_success.labels(model_name, reason)
@@ -166,6 +192,21 @@ class TraceMetrics:
             self.prefix_cache_hits.labels(m).inc(rec.prefix_hit_tokens)
         if rec.num_tokens:
             self.iteration_tokens.labels(m).observe(rec.num_tokens)
+            self._observe_roofline(rec)
         self.num_requests_running.labels(m).set(rec.num_running)
         self.num_requests_waiting.labels(m).set(rec.num_waiting)
         self.kv_cache_usage_perc.labels(m).set(rec.kv_usage)
+
+    def _observe_roofline(self, rec: StepTrace) -> None:
+        m = self.model_name
+        self.model_flops.labels(m).inc(rec.flops)
+        self.model_bytes.labels(m).inc(rec.bytes_moved)
+        if rec.duration_s > 0:
+            self.step_seconds.labels(m).inc(rec.duration_s)
+        self.step_intensity.labels(m).set(rec.arithmetic_intensity)
+        self.step_flops_per_second.labels(m).set(rec.achieved_flops_per_s)
+        self.step_bytes_per_second.labels(m).set(rec.bytes_moved / rec.duration_s if rec.duration_s > 0 else 0.0)
+        if self.roofs is not None:
+            row = step_roofline(rec, self.roofs)
+            self.step_roof_fraction.labels(m).set(row.roof_fraction)
+            self.step_bandwidth_fraction.labels(m).set(row.bandwidth_fraction)

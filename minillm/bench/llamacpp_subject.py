@@ -1,0 +1,279 @@
+"""llama.cpp as a benchmark subject, through llama-cpp-python's low-level (C) API on the same GGUF.
+
+Why the low-level API: the high-level `Llama` class runs one sequence at a
+time and does not expose the weight-repacking switch. Here we set
+`llama_model_params.use_extra_bufts` ourselves (extra buffer types = runtime
+weight repacking for the CPU's matmul kernels; on AMX CPUs the AMX buffer) and
+drive `llama_decode` with `llama_batch`es that carry several sequence ids.
+
+How it is driven (stated in every report):
+- decode / prefill: one sequence; the prompt in one batch (chunks of n_batch),
+  then one token per `llama_decode`; greedy = argmax of the returned logits.
+- serve: continuous batching the way llama-server's slots do it: up to
+  n_seq_max sequences (one KV "seq id" each, unified KV cache); each
+  `llama_decode` carries one token per running sequence plus prompt tokens of
+  newly admitted ones (up to n_batch tokens); a finished sequence's KV is
+  removed and its slot goes to the next waiting request.
+
+llama-cpp-python is an optional extra (`pip install minillm[peers]`); when it
+is missing, `llama_cpp_available()` says why and the benchmark goes on without it.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from minillm.bench.subject import BatchRun, DecodeRun
+
+NOT_INSTALLED = ("llama.cpp peer skipped: llama-cpp-python is not installed "
+                 "(pip install 'minillm[peers]', or CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install llama-cpp-python)")
+
+DRIVEN = ("llama-cpp-python low-level API: decode/prefill one sequence (prompt in one llama_batch, then one token "
+          "per llama_decode, greedy argmax); serve: continuous batching over n_seq_max sequence ids in one unified "
+          "KV cache (one llama_batch per step: a token per running sequence + prompt tokens of admitted ones)")
+
+
+def llama_cpp_available() -> tuple[bool, str]:
+    """(importable, reason when not). Only looks; importing happens in load_llama_cpp."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return False, NOT_INSTALLED
+    return True, ""
+
+
+def llama_cpp_version() -> str | None:
+    try:
+        from importlib import metadata
+
+        return metadata.version("llama-cpp-python")
+    except Exception:  # not installed
+        return None
+
+
+_QUIET_LOG: Any = None  # keep the ctypes callback alive for as long as the library may call it
+
+
+def _quiet_logs(lib: Any) -> None:
+    """llama.cpp prints every tensor it loads to stderr; keep only errors."""
+    global _QUIET_LOG
+    if _QUIET_LOG is None:
+        def _log(level: int, text: bytes, user_data: Any) -> None:
+            if level == 4 and text:  # GGML_LOG_LEVEL_ERROR
+                os.write(2, text)
+
+        _QUIET_LOG = lib.llama_log_callback(_log)
+        lib.llama_log_set(_QUIET_LOG, ctypes.c_void_p(0))
+
+
+@dataclass
+class _Context:
+    ptr: Any
+    n_ctx: int
+    n_seq_max: int
+    n_batch: int
+
+
+@dataclass
+class LlamaCppSubject:
+    """One loaded GGUF in llama.cpp; `repack` is `use_extra_bufts` (runtime weight repacking)."""
+
+    lib: Any
+    model: Any
+    n_vocab: int
+    repack: bool
+    n_threads: int
+    n_batch: int = 512
+    max_num_seqs: int = 64  # serve(): sequences decoded together (llama-server's "slots")
+    name: str = "llama.cpp"
+    _ctx: _Context | None = field(default=None, repr=False)
+
+    # ----- context and batches ---------------------------------------------------------
+    def context(self, n_ctx: int, n_seq_max: int = 1) -> _Context:
+        """A context with room for n_ctx tokens over n_seq_max sequences (reused when big enough)."""
+        c = self._ctx
+        if c is not None and c.n_ctx >= n_ctx and c.n_seq_max >= n_seq_max:
+            self.lib.llama_memory_clear(self.lib.llama_get_memory(c.ptr), True)
+            return c
+        self.close_context()
+        p = self.lib.llama_context_default_params()
+        p.n_ctx = max(256, -(-n_ctx // 256) * 256)
+        p.n_batch = p.n_ubatch = self.n_batch
+        p.n_seq_max = n_seq_max
+        p.n_threads = p.n_threads_batch = self.n_threads
+        p.kv_unified = True  # one pool shared by all sequences, like minillm's paged pool
+        p.no_perf = True
+        ptr = self.lib.llama_init_from_model(self.model, p)
+        if not ptr:
+            raise RuntimeError(f"llama.cpp could not create a context (n_ctx={p.n_ctx}, n_seq_max={n_seq_max})")
+        self._ctx = _Context(ptr, int(p.n_ctx), n_seq_max, self.n_batch)
+        return self._ctx
+
+    def close_context(self) -> None:
+        if self._ctx is not None:
+            self.lib.llama_free(self._ctx.ptr)
+            self._ctx = None
+
+    def close(self) -> None:
+        self.close_context()
+        if self.model is not None:
+            self.lib.llama_model_free(self.model)
+            self.model = None
+
+    def _decode(self, ctx: _Context, items: list[tuple[int, int, int, bool]]) -> None:
+        """One llama_decode of (token, position, seq id, wants logits) items."""
+        lib, n = self.lib, len(items)
+        batch = lib.llama_batch_init(n, 0, 1)
+        try:
+            for i, (tok, pos, seq, out) in enumerate(items):
+                batch.token[i] = tok
+                batch.pos[i] = pos
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = 1 if out else 0
+            batch.n_tokens = n
+            rc = lib.llama_decode(ctx.ptr, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed with code {rc} ({n} tokens)")
+        finally:
+            lib.llama_batch_free(batch)
+
+    def _argmax(self, ctx: _Context, index: int) -> int:
+        logits = self.lib.llama_get_logits_ith(ctx.ptr, index)
+        return int(np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).argmax())
+
+    def logits(self, prompt_ids: list[int]) -> np.ndarray:
+        """Next-token logits after the prompt (for checks against other engines)."""
+        ctx = self.context(len(prompt_ids) + 1)
+        self._prompt(ctx, prompt_ids, 0)
+        ptr = self.lib.llama_get_logits_ith(ctx.ptr, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def _prompt(self, ctx: _Context, ids: list[int], seq: int) -> int:
+        """Prefill one sequence in chunks of n_batch; returns its greedy next token."""
+        for start in range(0, len(ids), ctx.n_batch):
+            chunk = ids[start:start + ctx.n_batch]
+            last = start + len(chunk) == len(ids)
+            self._decode(ctx, [(t, start + i, seq, last and i == len(chunk) - 1) for i, t in enumerate(chunk)])
+        return self._argmax(ctx, -1)
+
+    # ----- the Subject protocol --------------------------------------------------------
+    def decode(self, prompt_ids: list[int], max_tokens: int) -> DecodeRun:
+        ctx = self.context(len(prompt_ids) + max_tokens)
+        t0 = time.perf_counter()
+        tok = self._prompt(ctx, prompt_ids, 0)
+        t1 = time.perf_counter()
+        pos = len(prompt_ids)
+        for _ in range(max_tokens - 1):
+            self._decode(ctx, [(tok, pos, 0, True)])
+            tok = self._argmax(ctx, 0)
+            pos += 1
+        return DecodeRun(t1 - t0, time.perf_counter() - t1, max_tokens)
+
+    def prefill(self, prompt_ids: list[int]) -> float:
+        ctx = self.context(len(prompt_ids) + 1)
+        t0 = time.perf_counter()
+        self._prompt(ctx, prompt_ids, 0)
+        return time.perf_counter() - t0
+
+    def serve(self, prompts: list[list[int]], output_lens: list[int]) -> BatchRun:
+        """Continuous batching over seq ids (see the module docstring). All requests arrive at t=0."""
+        slots = min(self.max_num_seqs, len(prompts))
+        per_req = [len(p) + n for p, n in zip(prompts, output_lens)]
+        # room for the `slots` longest requests at once, so no admission waits for KV space
+        ctx = self.context(sum(sorted(per_req)[-slots:]) + slots, slots)
+        mem = self.lib.llama_get_memory(ctx.ptr)
+        t_start = time.perf_counter()
+        waiting = list(range(len(prompts)))
+        free_seqs = list(range(slots))
+        running: dict[int, dict[str, Any]] = {}  # seq id -> {req, pos, next, produced, times}
+        ttft = [0.0] * len(prompts)
+        tpot: list[float] = []
+        steps = 0
+        while waiting or running:
+            items: list[tuple[int, int, int, bool]] = []
+            order: list[tuple[int, bool, int]] = []  # (seq, is_prompt, batch row) for each wanted logit
+            for seq, st in running.items():
+                order.append((seq, False, len(items)))
+                items.append((st["next"], st["pos"], seq, True))
+            budget = ctx.n_batch - len(items)
+            while waiting and free_seqs and len(prompts[waiting[0]]) <= budget:
+                req, seq = waiting.pop(0), free_seqs.pop(0)
+                p = prompts[req]
+                items += [(t, i, seq, i == len(p) - 1) for i, t in enumerate(p)]
+                order.append((seq, True, len(items) - 1))
+                running[seq] = {"req": req, "pos": len(p), "next": -1, "produced": 0, "times": []}
+                budget -= len(p)
+            if not items:  # a prompt longer than n_batch with nothing else running: prefill it alone
+                req, seq = waiting.pop(0), free_seqs.pop(0)
+                running[seq] = {"req": req, "pos": len(prompts[req]), "next": -1, "produced": 0, "times": []}
+                running[seq]["next"] = self._prompt(ctx, prompts[req], seq)
+                order = []
+                now = time.perf_counter()
+                self._record(running, seq, now)
+            else:
+                self._decode(ctx, items)
+                now = time.perf_counter()
+                for seq, is_prompt, row in order:
+                    st = running[seq]
+                    st["next"] = self._argmax(ctx, row)
+                    if not is_prompt:
+                        st["pos"] += 1
+                    self._record(running, seq, now)
+            steps += 1
+            for seq in [s for s, st in running.items() if st["produced"] >= output_lens[st["req"]]]:
+                st = running.pop(seq)
+                times = st["times"]
+                ttft[st["req"]] = times[0] - t_start
+                if len(times) >= 2:
+                    tpot.append((times[-1] - times[0]) / (len(times) - 1))
+                self.lib.llama_memory_seq_rm(mem, seq, -1, -1)
+                free_seqs.append(seq)
+        return BatchRun(
+            wall_s=time.perf_counter() - t_start,
+            prompt_tokens=sum(len(p) for p in prompts),
+            output_tokens=sum(output_lens),
+            generated_tokens=sum(output_lens),  # continuous batching: no padding
+            ttft_s=ttft, tpot_s=tpot, num_steps=steps,
+        )
+
+    @staticmethod
+    def _record(running: dict[int, dict[str, Any]], seq: int, now: float) -> None:
+        st = running[seq]
+        st["produced"] += 1
+        st["times"].append(now)
+
+
+def load_llama_cpp(gguf_path: str, repack: bool, n_threads: int, n_batch: int = 512, max_num_seqs: int = 64,
+                   name: str | None = None) -> LlamaCppSubject:
+    """Load the GGUF with llama.cpp on the CPU; repack sets use_extra_bufts (runtime weight repacking)."""
+    ok, why = llama_cpp_available()
+    if not ok:
+        raise ImportError(why)
+    import llama_cpp as lib
+
+    _quiet_logs(lib)
+    lib.llama_backend_init()
+    mp = lib.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    mp.use_extra_bufts = repack
+    model = lib.llama_model_load_from_file(gguf_path.encode(), mp)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {gguf_path}")
+    n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
+    return LlamaCppSubject(lib, model, n_vocab, repack, n_threads, n_batch, max_num_seqs,
+                           name or ("llama.cpp" if repack else "llama.cpp-norepack"))
+
+
+def system_info() -> str | None:
+    """llama.cpp's own summary of the CPU features it was built with (AVX512, AMX, REPACK...)."""
+    try:
+        import llama_cpp as lib
+
+        return lib.llama_print_system_info().decode(errors="replace").strip()
+    except Exception:  # not installed or an old binding
+        return None

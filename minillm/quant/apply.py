@@ -1,0 +1,136 @@
+"""quantize_model: swap a Llama-family model's linear layers for QuantLinear.
+
+Quantized: every decoder layer's qkv_proj, o_proj, gate_up_proj, down_proj
+(~80% of the default model's parameters and all of its per-layer matmuls).
+Kept in the model dtype: the embedding and the LM head (the default model
+ties them: one 49152 x 576 table that is both a gather and the last matmul,
+and the logits are the most quantization-sensitive matmul), the norms.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minillm.models.llama import LlamaForCausalLM
+from minillm.quant.awq import search_scale
+from minillm.quant.int4 import SUPPORTED_GROUP_SIZES, check_group_size
+from minillm.quant.linear import QuantLinear
+
+METHODS = ("int8", "int4", "int4-awq")
+TARGETS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unsupported quantization {method!r}; choose one of {METHODS} (or None)")
+
+
+def target_linears(model: LlamaForCausalLM) -> dict[str, nn.Module]:
+    mods = dict(model.named_modules())
+    return {f"layers.{i}.{t}": mods[f"layers.{i}.{t}"] for i in range(len(model.layers)) for t in TARGETS}
+
+
+def resolve_group_size(model: LlamaForCausalLM, group_size: int | None) -> int:
+    """None: the largest supported group size that divides every quantized layer's input size."""
+    ins = {m.in_features for m in target_linears(model).values()}
+    if group_size is None:
+        fits = [g for g in sorted(SUPPORTED_GROUP_SIZES, reverse=True) if g <= 128 and all(k % g == 0 for k in ins)]
+        if not fits:
+            raise ValueError(f"no int4 group size in {SUPPORTED_GROUP_SIZES} divides the input sizes {sorted(ins)}")
+        return fits[0]
+    for name, m in target_linears(model).items():
+        check_group_size(m.in_features, group_size, name)
+    return group_size
+
+
+def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent), attr, new)
+
+
+@torch.no_grad()
+def quantize_model(
+    model: LlamaForCausalLM,
+    method: str,
+    group_size: int | None = None,
+    calibration: torch.Tensor | None = None,
+    awq_grid: int = 11,
+    awq_max_rows: int = 256,
+    use_cpu_kernels: bool = True,
+) -> LlamaForCausalLM:
+    """Quantize in place and return the model.
+
+    method: "int8" (per output channel), "int4" (groups, round-to-nearest) or
+    "int4-awq" (groups, activation-aware scales searched on ``calibration``,
+    token windows [n, len]). group_size: int4 only; None picks the largest of
+    128/64/32 that divides every layer. use_cpu_kernels: on CPU, lay weights
+    out for torch's int8/int4 matmul kernels (else the dequantize reference path).
+    """
+    check_method(method)
+    if any(isinstance(m, QuantLinear) for m in model.modules()):
+        raise ValueError("this model is already quantized")
+    bits = 8 if method == "int8" else 4
+    g = resolve_group_size(model, group_size) if bits == 4 else None
+    if method != "int4" and method != "int4-awq" and group_size is not None:
+        raise ValueError(f"group_size applies to int4 methods only, not {method!r}")
+    inputs: dict[str, torch.Tensor] = {}
+    if method == "int4-awq":
+        if calibration is None:
+            raise ValueError("int4-awq needs calibration token windows (minillm.eval.corpus_tokens(tok, 'calib'))")
+        inputs = capture_inputs(model, calibration, awq_max_rows)
+    for i, layer in enumerate(model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        plan = [  # (name, module, where 1/s goes) -- down_proj before gate_up_proj: its 1/s lands in `up` rows
+            (f"layers.{i}.mlp.down_proj", mlp.down_proj, "up_rows"),
+            (f"layers.{i}.mlp.gate_up_proj", mlp.gate_up_proj, layer.post_attention_layernorm),
+            (f"layers.{i}.self_attn.qkv_proj", attn.qkv_proj, layer.input_layernorm),
+            (f"layers.{i}.self_attn.o_proj", attn.o_proj, "runtime"),
+        ]
+        for name, lin, fold in plan:
+            w = lin.weight.detach().float()
+            bias = lin.bias.detach() if lin.bias is not None else None
+            input_scale = None
+            if method == "int4-awq":
+                s = search_scale(w, inputs.pop(name), g, awq_grid).scale
+                w = w * s
+                if fold == "up_rows":
+                    half = mlp.gate_up_proj.weight.shape[0] // 2
+                    mlp.gate_up_proj.weight[half:] /= s[:, None].to(mlp.gate_up_proj.weight.dtype)
+                elif fold == "runtime":
+                    input_scale = 1.0 / s
+                else:
+                    fold.weight /= s.to(fold.weight.dtype)
+            q = QuantLinear.from_float(w, bits, g, bias=bias, input_scale=input_scale).to(w.device)
+            if use_cpu_kernels and w.device.type == "cpu":
+                q.use_cpu_kernels()
+            _swap(model, name, q)
+    return model
+
+
+@torch.no_grad()
+def capture_inputs(model: LlamaForCausalLM, calibration: torch.Tensor, max_rows: int) -> dict[str, torch.Tensor]:
+    """Inputs of every target linear on the calibration windows (float model), at most max_rows rows each."""
+    from minillm.eval.paged import score_windows
+
+    rows: dict[str, list[torch.Tensor]] = {}
+    hooks = []
+    for name, mod in target_linears(model).items():
+        def hook(_m, args, name=name):
+            rows.setdefault(name, []).append(args[0].detach().reshape(-1, args[0].shape[-1]).float().cpu())
+        hooks.append(mod.register_forward_pre_hook(hook))
+    try:
+        score_windows(model, calibration)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = {}
+    for name, parts in rows.items():
+        x = torch.cat(parts)
+        if x.shape[0] > max_rows:  # an even spread of positions, deterministic
+            x = x[torch.linspace(0, x.shape[0] - 1, max_rows).long()]
+        out[name] = x.to(model.embed_tokens.weight.device)
+    return out
+
+
+def quantized_layers(model: nn.Module) -> list[QuantLinear]:
+    return [m for m in model.modules() if isinstance(m, QuantLinear)]

@@ -1,0 +1,73 @@
+"""Exact speculative sampling: keep the target's distribution whatever the proposer guessed.
+
+For draft token x drawn from q, accept with probability min(1, p(x) / q(x)); at
+the first rejection draw from max(p - q, 0) normalised and stop; if all k are
+accepted draw a bonus token from the target's distribution after the last one.
+Each emitted token is then distributed exactly as p (Leviathan et al. 2023,
+Chen et al. 2023). p is what minillm.engine.sampler would sample from -- the
+same temperature / top-k / top-p / min-p filter -- so a request's settings
+mean the same with and without speculation. Greedy rows reduce to exact
+match against the target's argmax.
+
+A deterministic proposer (n-gram) has q one-hot on x: accept with p(x), and the
+residual is p with x removed.
+"""
+from __future__ import annotations
+
+import torch
+
+from minillm.engine.sampler import _filter
+from minillm.sampling_params import SamplingParams
+
+
+def acceptance_probability(p_x: float, q_x: float) -> float:
+    """min(1, p/q). Module-level so a test can break it on purpose and watch the chi-square fail."""
+    return 1.0 if p_x >= q_x else p_x / q_x
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[rows, V] logits -> the sampler's distribution for each row (same filters as sample())."""
+    return _filter(logits, [params] * logits.shape[0]).softmax(-1)
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def verify_tokens(
+    logits: torch.Tensor,
+    draft: list[int],
+    draft_probs: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+) -> tuple[list[int], int]:
+    """logits: [len(draft) + 1, V] target logits, row j scoring the token after draft[:j].
+
+    draft_probs: [len(draft), V] the q each draft token was drawn from, or None for a
+    deterministic proposer. Returns (tokens to emit, number of draft tokens accepted);
+    the emitted list is the accepted drafts plus one target token (correction or bonus).
+    """
+    d = len(draft)
+    if params.greedy:
+        target = logits.argmax(-1).tolist()
+        n = 0
+        while n < d and draft[n] == target[n]:
+            n += 1
+        return draft[:n] + [target[n]], n
+    p = target_probs(logits.float(), params)
+    u = torch.rand(d, generator=generator, device=logits.device).tolist() if d else []
+    for j, x in enumerate(draft):
+        p_x = float(p[j, x])
+        q_x = 1.0 if draft_probs is None else float(draft_probs[j, x])
+        if u[j] < acceptance_probability(p_x, q_x):
+            continue
+        if draft_probs is None:
+            residual = p[j].clone()
+            residual[x] = 0.0
+        else:
+            residual = (p[j] - draft_probs[j]).clamp_min(0.0)
+        total = float(residual.sum())
+        # p == q up to rounding leaves no mass: then p itself is the right fallback
+        tok = _draw(residual / total if total > 0 else p[j], generator)
+        return draft[:j] + [tok], j
+    return list(draft) + [_draw(p[d], generator)], d
