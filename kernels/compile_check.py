@@ -22,12 +22,14 @@ SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 
 def specs(all_configs: bool = False) -> list[tuple]:
-    from minillm.kernels import kv_store, paged_decode, prefill, rmsnorm, rope
+    from minillm.kernels import kv_store, paged_decode, prefill, quant_matmul, rmsnorm, rope
 
     out = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         out += [(dtype, *s) for s in kv_store.gpu_compile_specs(dtype)]
         out += [(dtype, *s) for s in rmsnorm.gpu_compile_specs(dtype) + rope.gpu_compile_specs(dtype)]
+        if dtype != torch.float32:  # weight-only quant matmul: fp16/bf16 activations
+            out += [(dtype, *s) for s in quant_matmul.gpu_compile_specs(dtype)]
         # big-model shape (bf16 only unless --all-configs: fp32 dots compile slowly and are not
         # the fast path) and the default SmolLM2 shape (head_dim 64, 9 q / 3 kv heads)
         shapes = ((128, 4), (64, 3)) if (dtype == torch.bfloat16 or all_configs) else ((64, 3),)

@@ -24,6 +24,9 @@ import triton
 import triton.language as tl
 
 QUANT_NONE, QUANT_INT8, QUANT_FP8 = 0, 1, 2
+# the pointer type the kernels see for each mode's code pool (compile checks): fp8 travels as uint8 bits
+QUANT_PTR = {QUANT_INT8: "*i8", QUANT_FP8: "*u8"}
+QUANT_NAME = {QUANT_INT8: "int8", QUANT_FP8: "fp8"}
 
 
 @triton.jit

@@ -193,8 +193,11 @@ def store_kv_cache_quant_ref(
 
 def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, kv_heads: int = 8,
                       block_size: int = 16) -> list[tuple]:
-    """(name, kernel, signature, options) for compile checks without a GPU."""
+    """(name, kernel, signature, options) for compile checks without a GPU.
+
+    bf16 also yields the quantizing store into int8 and fp8 (uint8 bits) pools."""
     from minillm.kernels._common import TRITON_PTR
+    from minillm.kernels.kv_quant import QUANT_NAME, QUANT_PTR
 
     p = TRITON_PTR[dtype]
     bh, bd = next_pow2(kv_heads), next_pow2(head_dim)
@@ -203,7 +206,14 @@ def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, 
                s_cb="i32:16", s_co="i32:16", s_ch="i32:16", s_cd=1,
                KVH=kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
                BLOCK_T=max(1, 4096 // (bh * bd)), BLOCK_H=bh, BLOCK_D=bd)
-    return [("store_kv_cache", _store_kv_kernel, sig, {"num_warps": 4, "num_stages": 1})]
+    specs = [("store_kv_cache", _store_kv_kernel, sig, {"num_warps": 4, "num_stages": 1})]
+    if dtype == torch.bfloat16:
+        for quant, cp in QUANT_PTR.items():
+            qsig = {**sig, "kc_ptr": cp, "vc_ptr": cp, "ks_ptr": "*fp32", "vs_ptr": "*fp32",
+                    "s_sb": "i32", "s_so": "i32", "s_sh": 1, "QUANT": quant}
+            specs.append((f"store_kv_cache_{QUANT_NAME[quant]}kv", _store_kv_quant_kernel, qsig,
+                          {"num_warps": 4, "num_stages": 1}))
+    return specs
 
 
 def perf_report(

@@ -303,25 +303,39 @@ def paged_decode_attention_ref(
 
 
 def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, group: int = 4,
-                      block_size: int = 16, config: dict | None = None) -> list[tuple]:
-    """(name, kernel, signature, options) for compile checks without a GPU."""
-    from minillm.kernels._common import TRITON_PTR
+                      block_size: int = 16, config: dict | None = None, quant: int | None = None) -> list[tuple]:
+    """(name, kernel, signature, options) for compile checks without a GPU.
 
+    ``quant`` (kv_quant.QUANT_INT8 / QUANT_FP8): the quantized-cache variant, ``dtype`` being q's;
+    by default bf16 also yields both quantized variants (they are what an int8/fp8 cache runs)."""
+    from minillm.kernels._common import TRITON_PTR
+    from minillm.kernels.kv_quant import QUANT_FP8, QUANT_INT8, QUANT_NAME, QUANT_PTR
+
+    if quant is None and dtype == torch.bfloat16:
+        return [s for qm in (0, QUANT_INT8, QUANT_FP8)
+                for s in gpu_compile_specs(dtype, head_dim, group, block_size, config, quant=qm)]
+    quant = quant or 0
     p = TRITON_PTR[dtype]
+    cp = QUANT_PTR[quant] if quant else p  # the code pools: int8, or fp8 as uint8 bits
+    sp = "*fp32" if quant else p  # scale pools (a quant-less launch passes the caches, never read)
     c = config or _GPU_DEFAULT
     consts = dict(GROUP=group, GROUP_PAD=next_pow2(group, 16), BLOCK_D=next_pow2(head_dim, 16),
-                  PAGE=block_size, F32=dtype == torch.float32)
+                  PAGE=block_size, F32=dtype == torch.float32, QUANT=quant)
     specs = []
-    for splits in (1, 8):
-        sig = dict(q_ptr=p, kc_ptr=p, vc_ptr=p, bt_ptr="*i32", sl_ptr="*i32",
+    for splits in (1, 8) if not quant else (1,):  # splitting does not touch the cache reads
+        sig = dict(q_ptr=p, kc_ptr=cp, vc_ptr=cp, ks_ptr=sp, vs_ptr=sp, bt_ptr="*i32", sl_ptr="*i32",
                    o_ptr=p if splits == 1 else "*fp32", m_ptr="*fp32", l_ptr="*fp32",
                    s_qb="i32:16", s_qh="i32:16", s_qd=1, s_cb="i32:16", s_co="i32:16", s_ch="i32:16", s_cd=1,
+                   s_sb="i32", s_so="i32", s_sh=1 if quant else "i32",
                    s_btb="i32", s_ob="i32:16", s_oh="i32:16", s_os="i32:16" if splits > 1 else 0, s_od=1,
                    qk_scale="fp32", HEAD_DIM=head_dim, NUM_SPLITS=splits, BLOCK_N=c["BLOCK_N"], **consts)
         opts = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
         tile = f"N{c['BLOCK_N']},w{c['num_warps']},s{c['num_stages']}"
-        name = f"paged_decode[D{head_dim},G{group},splits={splits},{tile}]"
+        kind = f"_{QUANT_NAME[quant]}kv" if quant else ""
+        name = f"paged_decode{kind}[D{head_dim},G{group},splits={splits},{tile}]"
         specs.append((name, _decode_kernel, sig, opts))
+    if quant:
+        return specs  # the combine kernel reads fp32 partials whatever the cache holds
     sig = dict(po_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32", o_ptr=p,
                s_pb="i32:16", s_ph="i32:16", s_ps="i32:16", s_pd=1, s_ob="i32:16", s_oh="i32:16", s_od=1,
                H="i32", HEAD_DIM=head_dim, NUM_SPLITS=8, SPLITS_PAD=8, BLOCK_D=next_pow2(head_dim, 16))

@@ -268,23 +268,36 @@ def prefill_attention_ref(
 
 
 def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, group: int = 4,
-                      block_size: int = 16, configs: list | None = None) -> list[tuple]:
-    """(name, kernel, signature, options) for compile checks without a GPU."""
-    from minillm.kernels._common import TRITON_PTR
+                      block_size: int = 16, configs: list | None = None, quant: int | None = None) -> list[tuple]:
+    """(name, kernel, signature, options) for compile checks without a GPU.
 
+    ``quant`` (kv_quant.QUANT_INT8 / QUANT_FP8): the quantized-cache variant, ``dtype`` being q's;
+    by default bf16 also yields both quantized variants (default tile only)."""
+    from minillm.kernels._common import TRITON_PTR
+    from minillm.kernels.kv_quant import QUANT_FP8, QUANT_INT8, QUANT_NAME, QUANT_PTR
+
+    if quant is None and dtype == torch.bfloat16:
+        return gpu_compile_specs(dtype, head_dim, group, block_size, configs, quant=0) + [
+            s for qm in (QUANT_INT8, QUANT_FP8) for s in gpu_compile_specs(dtype, head_dim, group, block_size, quant=qm)]
+    quant = quant or 0
     p = TRITON_PTR[dtype]
+    cp = QUANT_PTR[quant] if quant else p  # the code pools: int8, or fp8 as uint8 bits
+    sp = "*fp32" if quant else p  # scale pools (a quant-less launch passes the caches, never read)
+    kind = f"_{QUANT_NAME[quant]}kv" if quant else ""
     configs = configs or [_GPU_DEFAULT]
     specs = []
     for c in configs:
-        sig = dict(q_ptr=p, kc_ptr=p, vc_ptr=p, bt_ptr="*i32", cu_ptr="*i32", sl_ptr="*i32", o_ptr=p,
+        sig = dict(q_ptr=p, kc_ptr=cp, vc_ptr=cp, ks_ptr=sp, vs_ptr=sp, bt_ptr="*i32", cu_ptr="*i32", sl_ptr="*i32",
+                   o_ptr=p,
                    s_qt="i32:16", s_qh="i32:16", s_qd=1, s_cb="i32:16", s_co="i32:16", s_ch="i32:16", s_cd=1,
+                   s_sb="i32", s_so="i32", s_sh=1 if quant else "i32",
                    s_btb="i32", s_ot="i32:16", s_oh="i32:16", s_od=1, qk_scale="fp32", first_seq="i32",
                    HEAD_DIM=head_dim,
                    GROUP=group, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=next_pow2(head_dim, 16),
-                   PAGE=block_size, F32=dtype == torch.float32)
+                   PAGE=block_size, F32=dtype == torch.float32, QUANT=quant)
         opts = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
         tile = f"{c['BLOCK_M']}x{c['BLOCK_N']},w{c['num_warps']},s{c['num_stages']}"
-        specs.append((f"prefill[D{head_dim},G{group},{tile}]", _prefill_kernel, sig, opts))
+        specs.append((f"prefill{kind}[D{head_dim},G{group},{tile}]", _prefill_kernel, sig, opts))
     return specs
 
 

@@ -136,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         from minillm.roofline.cli import main as roofline_main
 
         return roofline_main(argv[1:])
+    if argv and argv[0] == "eval":
+        from minillm.eval.cli import main as eval_main
+
+        return eval_main(argv[1:])
     ap = argparse.ArgumentParser(prog="minillm", description="a compact LLM inference engine to learn from")
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="stream one completion")
@@ -160,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help="benchmarks: minillm bench {latency,throughput} --help")
     sub.add_parser("serve", help="OpenAI-compatible server: minillm serve --help")
     sub.add_parser("roofline", help="measure / show the machine's roofs: minillm roofline --help")
+    sub.add_parser("eval", help="quality: minillm eval ppl --help (perplexity per quantization setting)")
     a = ap.parse_args(argv)
     return a.fn(a)
 

@@ -54,11 +54,20 @@ class LLM:
         speculative: dict | None = None,
         tensor_parallel_size: int = 1,
         tensor_parallel_timeout_s: float = 60.0,
+        quantization: str | None = None,
+        quantization_group_size: int | None = None,
     ) -> None:
         from minillm.attention.kv_quant import resolve_kv_cache_dtype
         from minillm.loader import load_model
 
         resolve_kv_cache_dtype(kv_cache_dtype)  # fail before the (slow) model load
+        from minillm.quant.apply import check_llm_options
+
+        # weight quantization: "int8" | "int4" | "int4-awq" | "gguf" (keep the file's Q4 codes);
+        # group size None = the largest of 128/64/32 dividing every layer (128 does not divide 576)
+        check_llm_options(quantization, quantization_group_size)
+        if quantization is not None and tensor_parallel_size > 1:
+            raise ValueError("weight quantization is not supported with tensor_parallel_size > 1")
         from minillm.spec.config import parse_speculative
 
         speculative = parse_speculative(speculative)  # bad configs fail before the model load too
@@ -69,6 +78,11 @@ class LLM:
         torch.manual_seed(seed)
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.loaded = load_model(model, dtype=resolve_dtype(dtype), device=dev)
+        self.quantization_report: dict[str, str] = {}
+        if quantization is not None:
+            from minillm.quant.apply import quantize_loaded
+
+            self.quantization_report = quantize_loaded(self.loaded, quantization, quantization_group_size)
         tensor_parallel = None
         if tensor_parallel_size > 1:  # ranks 1..N-1 load the same file in worker processes (minillm/parallel)
             from minillm.parallel.executor import TensorParallelConfig

@@ -60,6 +60,35 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype:
     return 2 * num_layers * num_kv_heads * per_head
 
 
+@dataclass(frozen=True)
+class KVMemoryRow:
+    """What one kv_cache_dtype buys within a fixed KV budget (the engine's plan_kv_cache arithmetic)."""
+
+    kv_cache_dtype: str
+    storage_dtype: str
+    bytes_per_token: int  # K and V over all layers, scales included
+    num_blocks: int
+    max_tokens: int
+    max_seqs: int  # concurrent sequences of seq_len tokens, each holding whole blocks
+
+
+def kv_memory_table(num_layers: int, num_kv_heads: int, head_dim: int, model_dtype: torch.dtype, budget_bytes: int,
+                    seq_len: int, block_size: int = 16,
+                    names: tuple[str, ...] = ("auto", "int8", "fp8")) -> list[KVMemoryRow]:
+    """Bytes per token, blocks and concurrent ``seq_len``-token sequences per kv_cache_dtype for one budget."""
+    if budget_bytes <= 0 or seq_len <= 0 or block_size <= 0:
+        raise ValueError(f"budget_bytes, seq_len and block_size must be positive, got {budget_bytes}, {seq_len}, "
+                         f"{block_size}")
+    rows = []
+    for name in names:
+        dtype = resolve_kv_cache_dtype(name) or model_dtype
+        per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+        blocks = budget_bytes // (per_token * block_size)
+        rows.append(KVMemoryRow(name, str(dtype).removeprefix("torch."), per_token, blocks, blocks * block_size,
+                                blocks // -(-seq_len // block_size)))
+    return rows
+
+
 def quantize_kv(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, kv_heads, head_dim] -> (values [T, kv_heads, head_dim] in ``dtype``, scales [T, kv_heads] fp32)."""
     qmax = QMAX[dtype]

@@ -1,9 +1,11 @@
-"""`minillm bench {latency,throughput,serve,prefix,roofs}`: argument parsing and model loading.
+"""`minillm bench {latency,throughput,serve,prefix,spec,tp,roofs}`: argument parsing and model loading.
 
     python -m minillm.bench latency --compare transformers,llama.cpp --json latency.json
     python -m minillm.bench throughput --compare transformers --num-requests 128
     python -m minillm.bench serve --num-requests 32 --max-concurrency 8
     python -m minillm.bench prefix --prefix-len 1024
+    python -m minillm.bench spec --json spec.json
+    python -m minillm.bench tp --tp 3 --json tp.json
     python -m minillm.bench roofs --remeasure
 """
 from __future__ import annotations
@@ -115,6 +117,39 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--quiet", action="store_true")
     pre.add_argument("--json", dest="json_out", default=None)
 
+    spc = sub.add_parser("spec", help="speculative decoding: batch-1 speed-up, acceptance and tokens per verify "
+                                      "per proposer and k, on a chat and a repeat-the-input workload; gain vs batch")
+    spc.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
+    spc.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    spc.add_argument("--device", default=None)
+    spc.add_argument("--proposers", default="none,ngram,int4",
+                     help="comma list: none (always first), ngram, int4, int8, self:N (first N layers)")
+    spc.add_argument("--ks", type=int, nargs="+", default=list(range(1, 9)), help="draft lengths k to sweep")
+    spc.add_argument("--workloads", nargs="+", choices=["chat", "repeat"], default=["chat", "repeat"])
+    spc.add_argument("--num-prompts", type=int, default=4, help="prompts per workload (at most 4)")
+    spc.add_argument("--output-len", type=int, default=48)
+    spc.add_argument("--repeats", type=int, default=1)
+    spc.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 4, 16])
+    spc.add_argument("--batch-k", type=int, default=4, help="k for the batch-size sweep")
+    spc.add_argument("--threads", type=int, default=None)
+    spc.add_argument("--seed", type=int, default=0)
+    spc.add_argument("--quiet", action="store_true")
+    spc.add_argument("--json", dest="json_out", default=None)
+
+    tp = sub.add_parser("tp", help="tensor parallelism: per-step all-reduce bytes and time here, and an "
+                                   "analytic speed-up model for Llama-2-7B/70B over NVLink vs PCIe")
+    tp.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
+    tp.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    tp.add_argument("--device", default=None)
+    tp.add_argument("--tp", type=int, default=3, help="ranks to compare with one (must divide the heads; default 3)")
+    tp.add_argument("--num-prompts", type=int, default=4)
+    tp.add_argument("--prompt-len", type=int, default=64)
+    tp.add_argument("--output-len", type=int, default=16)
+    tp.add_argument("--timeout", type=float, default=120.0, help="seconds rank 0 waits in a collective")
+    tp.add_argument("--threads", type=int, default=None)
+    tp.add_argument("--seed", type=int, default=0)
+    tp.add_argument("--json", dest="json_out", default=None)
+
     roofs = sub.add_parser("roofs", help="measure (or show the cached) bandwidth and matmul roofs")
     roofs.add_argument("--device", default=None)
     roofs.add_argument("--remeasure", action="store_true")
@@ -160,7 +195,7 @@ def _subjects(args: argparse.Namespace, device: str, kv_bytes: int | None = None
 def _llama_cpp_subjects(args: argparse.Namespace) -> list:
     """llama.cpp on the same GGUF, repack on and/or off; a clear message (and no peer) when it can't run."""
     from minillm.bench.hf_subject import resolve_model_path
-    from minillm.bench.llamacpp_subject import llama_cpp_available, load_llama_cpp
+    from minillm.bench.llamacpp_subject import llama_cpp_available, load_llama_cpp, probe_llama_cpp
 
     ok, why = llama_cpp_available()
     if not ok:
@@ -175,6 +210,11 @@ def _llama_cpp_subjects(args: argparse.Namespace) -> list:
     out = []
     for repack in {"0": [False], "1": [True], "both": [True, False]}[args.repack]:
         _log(f"loading llama.cpp ({gguf}, repack {'on' if repack else 'off'})")
+        crashed = probe_llama_cpp(f"{folder}/{gguf}", repack, torch.get_num_threads())
+        if crashed:  # e.g. the AMX repack path of some builds: that setting is off for this run
+            args.peer_notes[f"llama.cpp repack={int(repack)}"] = f"turned off: {crashed}"
+            _log(args.peer_notes[f"llama.cpp repack={int(repack)}"])
+            continue
         try:
             out.append(load_llama_cpp(f"{folder}/{gguf}", repack, torch.get_num_threads(),
                                       max_num_seqs=getattr(args, "max_num_seqs", 64)))
@@ -309,6 +349,65 @@ def _prefix(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _tp(args: argparse.Namespace) -> dict[str, Any]:
+    from minillm.bench.report import build_report
+    from minillm.bench.runner import _context
+    from minillm.bench.tp import TPWorkload, analytic_section, format_tp, measure_tp
+
+    device = _device(args)
+    wl = TPWorkload(args.num_prompts, args.prompt_len, args.output_len, seed=args.seed)
+    result = measure_tp(args.model, args.tp, wl, args.dtype, device, args.timeout, log=_log)
+    model_section = analytic_section()
+    settings = {"model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)", "dtype": args.dtype,
+                "device": device, "tp": args.tp, "backend": "nccl" if device.startswith("cuda") else "gloo",
+                "rank0_threads": torch.get_num_threads(), "timeout_s": args.timeout}
+    report = build_report("tp", **_context(None, device), settings=settings, workload=wl.to_dict(),
+                          measured=result, analytic=model_section)
+    print(format_tp(result, model_section))
+    return report
+
+
+def _spec(args: argparse.Namespace) -> dict[str, Any]:
+    from minillm.bench import spec as sb
+    from minillm.bench.report import build_report
+    from minillm.bench.runner import _context
+    from minillm.llm import resolve_dtype
+    from minillm.loader import load_model
+    from minillm.roofline.machine_state import probe_machine_state
+
+    device = _device(args)
+    proposers = ["none"] + [p.strip() for p in args.proposers.split(",") if p.strip() and p.strip() != "none"]
+    for p in proposers:
+        sb.Proposer(p).speculative  # a clear error before the model load
+    if any(not 1 <= k <= 16 for k in args.ks) or not 1 <= args.num_prompts <= 4:
+        raise SystemExit("--ks must lie in 1..16 and --num-prompts in 1..4")
+    torch.manual_seed(args.seed)
+    _log(f"loading minillm ({args.dtype}, {device})")
+    loaded = load_model(args.model, dtype=resolve_dtype(args.dtype), device=torch.device(device))
+    engines = sb.build_engines(loaded.model, loaded.tokenizer, loaded.eos_token_ids, proposers, 64 << 20)
+    log = (lambda s: None) if args.quiet else _log
+    before = probe_machine_state()
+    batch1, scaling, workloads = {}, {}, {}
+    for name in args.workloads:
+        wl = sb.SpecWorkload(name, sb.WORKLOADS[name][: args.num_prompts], args.output_len)
+        workloads[name] = wl.to_dict()
+        prompts = wl.token_ids(loaded.tokenizer)
+        batch1[name] = sb.measure_batch1(engines, wl, prompts, args.ks, args.repeats, log)
+        if args.batch_sizes:
+            scaling[name] = sb.measure_batch_scaling(engines, wl, prompts, args.batch_sizes, args.batch_k, log)
+    after = probe_machine_state()
+    summary = sb.summarize_spec(batch1, scaling)
+    settings = {"model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)", "dtype": args.dtype,
+                "device": device, "threads": torch.get_num_threads(), "seed": args.seed, "proposers": proposers,
+                "ks": args.ks, "batch_sizes": args.batch_sizes, "batch_k": args.batch_k, "repeats": args.repeats,
+                "prefix_caching": False}
+    report = build_report("spec", **_context(None, device),
+                          machine_state={"before": before.to_dict(), "after": after.to_dict()},
+                          settings=settings, workload=workloads, **summary)
+    print(sb.format_spec(summary))
+    return report
+
+
 def _show_roofs(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench.report import jsonable
     from minillm.roofline.roofs import get_roofs
@@ -333,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     report = {"latency": _latency, "throughput": _throughput, "serve": _serve, "prefix": _prefix,
-              "roofs": _show_roofs}[args.command](args)
+              "spec": _spec, "tp": _tp, "roofs": _show_roofs}[args.command](args)
+    for note in args.peer_notes.values():  # a peer that did not run is said on stdout too, not only in the JSON
+        print(f"note: {note}")
     _warn_if_noisy(report)
     if args.json_out:
         write_json(report, args.json_out)

@@ -269,6 +269,30 @@ def load_llama_cpp(gguf_path: str, repack: bool, n_threads: int, n_batch: int = 
                            name or ("llama.cpp" if repack else "llama.cpp-norepack"))
 
 
+def probe_llama_cpp(gguf_path: str, repack: bool, n_threads: int = 1, timeout_s: float = 300.0) -> str | None:
+    """Load and decode a few tokens (also batched) in a child process: None when that works, else why not.
+
+    Some builds crash (SIGSEGV, not an exception) on the first decode with weight repacking on;
+    a crash in a child costs one line in the report instead of the whole benchmark.
+    """
+    import subprocess
+    import sys
+
+    code = ("import sys; from minillm.bench.llamacpp_subject import load_llama_cpp as L; "
+            "s = L(sys.argv[1], sys.argv[2] == '1', int(sys.argv[3]), max_num_seqs=2); "
+            "s.decode([1, 2, 3, 4], 4); s.serve([[1, 2, 3], [4, 5, 6, 7]], [3, 2]); s.close()")
+    try:
+        run = subprocess.run([sys.executable, "-c", code, gguf_path, str(int(repack)), str(n_threads)],
+                             capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"repack={int(repack)}: a 4-token probe did not finish in {timeout_s:.0f} s"
+    if run.returncode == 0:
+        return None
+    how = f"signal {-run.returncode}" if run.returncode < 0 else f"exit code {run.returncode}"
+    tail = " | ".join(run.stderr.strip().splitlines()[-2:])
+    return f"repack={int(repack)}: a probe load + decode failed ({how}){': ' + tail if tail else ''}"
+
+
 def system_info() -> str | None:
     """llama.cpp's own summary of the CPU features it was built with (AVX512, AMX, REPACK...)."""
     try:

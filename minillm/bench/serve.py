@@ -177,10 +177,17 @@ def summarize_serve(records: list[RequestRecord], wall_s: float) -> dict[str, An
     }
 
 
+async def bench_serve_async(url: str, model: str, workload: ServeWorkload, vocab_size: int,
+                            warmup: bool = True) -> dict[str, Any]:
+    """Run the workload (after one short warm-up request) and summarize it; `await` it where a loop
+    already runs (a notebook)."""
+    if warmup:
+        await run_clients(url, model, ServeWorkload(1, (8, 8), (4, 4), seed=workload.seed + 1), vocab_size)
+    records, wall = await run_clients(url, model, workload, vocab_size)
+    return summarize_serve(records, wall)
+
+
 def bench_serve(url: str, model: str, workload: ServeWorkload, vocab_size: int,
                 warmup: bool = True) -> dict[str, Any]:
-    """Run the workload (after one short warm-up request) and summarize it."""
-    if warmup:
-        asyncio.run(run_clients(url, model, ServeWorkload(1, (8, 8), (4, 4), seed=workload.seed + 1), vocab_size))
-    records, wall = asyncio.run(run_clients(url, model, workload, vocab_size))
-    return summarize_serve(records, wall)
+    """bench_serve_async from synchronous code (the CLI)."""
+    return asyncio.run(bench_serve_async(url, model, workload, vocab_size, warmup))

@@ -142,8 +142,15 @@ class StepTrace:
     def achieved_flops_per_s(self) -> float:
         return self.flops / self.duration_s if self.duration_s > 0 else 0.0
 
+    @property
+    def achieved_bytes_per_s(self) -> float:
+        return self.bytes_moved / self.duration_s if self.duration_s > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # the derived roofline figures ride along so a JSONL trace is readable on its own;
+        # from_dict reads fields only, so they are recomputed, never trusted, on load
+        return {**asdict(self), "arithmetic_intensity": self.arithmetic_intensity,
+                "achieved_flops_per_s": self.achieved_flops_per_s, "achieved_bytes_per_s": self.achieved_bytes_per_s}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepTrace":

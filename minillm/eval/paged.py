@@ -59,7 +59,6 @@ def windows(token_ids: list[int], context_len: int, max_windows: int | None = No
     return torch.tensor(token_ids[: n * context_len], dtype=torch.long).view(n, context_len)
 
 
-@torch.inference_mode()
 def score_windows(
     model: LlamaForCausalLM,
     wins: torch.Tensor,
@@ -75,7 +74,16 @@ def score_windows(
     per_seq = -(-ctx // block_size)
     device = model.embed_tokens.weight.device
     spec = plan_kv_cache(model, cache_config(block_size, n * per_seq, kv_cache_dtype), device)
+    # built outside inference mode: the runner may re-lay the model's weights (K-major on CPU), and
+    # inference-mode tensors could not be updated in place later (AWQ folds its scales into them)
     runner = ModelRunner(model, spec, "torch")
+    with torch.inference_mode():
+        return _score(model, runner, wins, chunk_size, block_size, per_seq, on_logits)
+
+
+def _score(model, runner, wins, chunk_size, block_size, per_seq, on_logits) -> TokenScores:
+    n, ctx = wins.shape
+    device = model.embed_tokens.weight.device
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(n)]
     nll = torch.empty(n, ctx - 1, dtype=torch.float64)
     top1 = torch.empty(n, ctx - 1, dtype=torch.long)

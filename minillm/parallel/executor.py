@@ -15,7 +15,6 @@ TensorParallelError naming the rank, and the executor refuses further steps.
 """
 from __future__ import annotations
 
-import atexit
 import os
 import queue
 import time
@@ -58,6 +57,10 @@ class TPExecutor:
         if config.size < 2:
             raise ValueError("TPExecutor is for tensor_parallel_size >= 2 (one rank uses ModelRunner)")
         check_tp_size(model.config, config.size)  # refuse before spawning anything
+        if dist.is_initialized():
+            raise RuntimeError(
+                "a torch.distributed process group already exists in this process: one tensor-parallel "
+                "engine per process at a time (close() the other LLM first)")
         self.config = config
         self.size = config.size
         self._error: str | None = None
@@ -75,8 +78,9 @@ class TPExecutor:
             p = ctx.Process(target=worker_main, args=(args, self._status), daemon=True, name=f"minillm-tp{rank}")
             p.start()
             self.workers.append(p)
-        # from here on, whatever happens, the workers must not outlive this object
-        atexit.register(_close_ref, weakref.ref(self))
+        # from here on, whatever happens, the workers must not outlive this object: the
+        # finalizer runs if it is garbage-collected unclosed, or at interpreter exit
+        self._finalizer = weakref.finalize(self, _reap, self.workers)
         try:
             shard_model(model, 0, config.size)
             self._wait_loaded(config.startup_timeout_s)
@@ -87,6 +91,7 @@ class TPExecutor:
         except BaseException:
             self._kill_workers()
             destroy_group()
+            self._finalizer.detach()
             raise
         comm.STATS.take()
 
@@ -210,9 +215,13 @@ class TPExecutor:
                 p.join(timeout=10)
         self._kill_workers()
         destroy_group()
+        self._finalizer.detach()
 
 
-def _close_ref(ref) -> None:
-    ex = ref()
-    if ex is not None:
-        ex.close()
+def _reap(workers) -> None:
+    """Last resort for an executor nobody closed: kill its workers, leave the process group."""
+    for p in workers:
+        if p.is_alive():
+            p.kill()
+        p.join(timeout=10)
+    destroy_group()

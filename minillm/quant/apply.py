@@ -17,12 +17,53 @@ from minillm.quant.int4 import SUPPORTED_GROUP_SIZES, check_group_size
 from minillm.quant.linear import QuantLinear
 
 METHODS = ("int8", "int4", "int4-awq")
+LLM_METHODS = METHODS + ("gguf",)  # "gguf": keep the file's Q4_0/Q4_1 codes (minillm.quant.gguf)
 TARGETS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
 def check_method(method: str) -> None:
     if method not in METHODS:
         raise ValueError(f"unsupported quantization {method!r}; choose one of {METHODS} (or None)")
+
+
+def check_llm_options(method: str | None, group_size: int | None) -> None:
+    """LLM(quantization=..., quantization_group_size=...) checks that need no model (run before the load)."""
+    from minillm.quant.int4 import SUPPORTED_GROUP_SIZES
+
+    if method is None:
+        if group_size is not None:
+            raise ValueError("quantization_group_size given without quantization")
+        return
+    if method not in LLM_METHODS:
+        raise ValueError(f"unsupported quantization {method!r}; choose one of {LLM_METHODS} (or None)")
+    if group_size is not None and method not in ("int4", "int4-awq"):
+        raise ValueError(f"quantization_group_size applies to int4 and int4-awq only, not {method!r}")
+    if group_size is not None and group_size not in SUPPORTED_GROUP_SIZES:
+        raise ValueError(f"int4 group size must be one of {SUPPORTED_GROUP_SIZES}, got {group_size}")
+
+
+def quantize_loaded(loaded, method: str, group_size: int | None = None, calib_windows: int = 4,
+                    calib_len: int = 64) -> dict[str, str]:
+    """Quantize a LoadedModel in place for LLM(quantization=method); returns {layer: what was done}.
+
+    int4-awq calibrates on `calib_windows` x `calib_len` tokens of the calibration
+    split of pydoc_data.topics (never the text `minillm eval ppl` scores).
+    """
+    check_llm_options(method, group_size)
+    if method == "gguf":
+        from minillm.quant.gguf import keep_gguf_quantized
+
+        if not str(loaded.source).lower().endswith(".gguf"):
+            raise ValueError(f"quantization='gguf' needs a .gguf model, got {loaded.source!r}")
+        return keep_gguf_quantized(loaded.model, loaded.source)
+    calibration = None
+    if method == "int4-awq":
+        from minillm.eval import corpus_tokens, windows
+
+        ids = corpus_tokens(loaded.tokenizer, "calib", calib_windows * calib_len)
+        calibration = windows(ids, calib_len, calib_windows)
+    quantize_model(loaded.model, method, group_size, calibration)
+    return {name: repr(m) for name, m in target_linears(loaded.model).items()}
 
 
 def target_linears(model: LlamaForCausalLM) -> dict[str, nn.Module]:
@@ -87,7 +128,7 @@ def quantize_model(
             (f"layers.{i}.self_attn.o_proj", attn.o_proj, "runtime"),
         ]
         for name, lin, fold in plan:
-            w = lin.weight.detach().float()
+            w = lin.weight.detach().float().contiguous()  # row-major: the runner may have made it K-major
             bias = lin.bias.detach() if lin.bias is not None else None
             input_scale = None
             if method == "int4-awq":

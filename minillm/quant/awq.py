@@ -22,7 +22,15 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.quant.int4 import quantize_int4
+
+
+def fake_quant_int4(w: torch.Tensor, group_size: int) -> torch.Tensor:
+    """quantize_int4(w, g).dequantize() without packing the codes (the search runs it grid x layers times)."""
+    n, k = w.shape
+    wg = w.reshape(n, k // group_size, group_size)
+    lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+    return (torch.round((wg - lo) / scale).clamp(0, 15) * scale + lo).reshape(n, k)
 
 
 @dataclass
@@ -36,7 +44,7 @@ class AwqResult:
 @torch.no_grad()
 def search_scale(w: torch.Tensor, x: torch.Tensor, group_size: int, grid: int = 11) -> AwqResult:
     """w [N, K] float weight, x [T, K] calibration inputs -> the best s = mean|x|^alpha."""
-    w, x = w.float(), x.float()
+    w, x = w.float().contiguous(), x.float().contiguous()
     ref = x @ w.t()
     x_mean = x.abs().mean(0).clamp(min=1e-5)
     best: AwqResult | None = None
@@ -45,7 +53,7 @@ def search_scale(w: torch.Tensor, x: torch.Tensor, group_size: int, grid: int = 
         alpha = i / (grid - 1)
         s = x_mean.pow(alpha)
         s = s / (s.max() * s.min()).sqrt()  # centre s around 1 so W * s stays in a sane range
-        wq = quantize_int4(w * s, group_size).dequantize() / s
+        wq = fake_quant_int4(w * s, group_size) / s
         err = (x @ wq.t() - ref).pow(2).mean().item()
         if i == 0:
             rtn = err

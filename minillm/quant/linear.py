@@ -134,7 +134,7 @@ class QuantLinear(nn.Module):
                 y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.qweight, self.group_size, self.scale_zeros)
             y = y if y.dtype == x.dtype else y.to(x.dtype)
         elif x2.is_cuda and _triton_ok():
-            from kernels.quant_matmul import w4a16_matmul, w8a16_matmul
+            from minillm.kernels.quant_matmul import w4a16_matmul, w8a16_matmul
 
             if self.bits == 8:
                 y = w8a16_matmul(x2, self.qweight, self.scales)
@@ -158,7 +158,7 @@ class QuantLinear(nn.Module):
 
 def _triton_ok() -> bool:
     try:
-        import kernels.quant_matmul  # noqa: F401
+        import minillm.kernels.quant_matmul  # noqa: F401
     except Exception:
         return False
     return True

@@ -69,10 +69,13 @@ def main(argv: list[str] | None = None) -> int:
             trace = load_trace(args.trace)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(f"minillm roofline: cannot read the trace {args.trace}: {e}")
+        if not any(r.flops > 0 for r in trace):
+            raise SystemExit(f"minillm roofline: the trace {args.trace} has no step that computed anything")
         pair = RoofPair.from_roofs(roofs, args.trace_dtype)
-        summary = roofline_summary(trace_roofline(trace, pair))
+        rows = trace_roofline(trace, pair)
+        summary = roofline_summary(rows)
         out["trace"] = {"path": args.trace, "dtype": args.trace_dtype, "ridge_intensity": pair.ridge_intensity,
-                        "phases": summary}
+                        "phases": summary, "steps": [r.to_dict() for r in rows]}
         text.append(f"  ridge point ({args.trace_dtype}): {pair.ridge_intensity:.1f} FLOP/B")
         text.append(format_trace_roofline(summary))
     print(json.dumps(out, indent=2) if args.json else "\n".join(text))

@@ -72,10 +72,10 @@ def step_phase(rec: StepTrace) -> str:
 
 
 def step_roofline(rec: StepTrace, roofs: RoofPair) -> StepRoofline:
-    """One step against the roofs (uses the trace's arithmetic_intensity and achieved_flops_per_s)."""
+    """One step against the roofs (the trace's arithmetic_intensity and achieved FLOP/s and bytes/s)."""
     intensity = rec.arithmetic_intensity
     achieved = rec.achieved_flops_per_s
-    bytes_s = rec.bytes_moved / rec.duration_s if rec.duration_s > 0 else 0.0
+    bytes_s = rec.achieved_bytes_per_s
     attainable = roofs.attainable(intensity)
     return StepRoofline(
         step=rec.step, phase=step_phase(rec), num_tokens=rec.num_tokens, duration_s=rec.duration_s,

@@ -5,17 +5,20 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 METHODS = ("ngram", "draft")
+DRAFT_MODELS = ("int4", "int8", "self")
 MAX_NUM_TOKENS = 16
 
 
 @dataclass
 class SpecConfig:
-    """method: "ngram" (prompt lookup) or "draft" (the target's first `num_layers` layers).
+    """method: "ngram" (prompt lookup) or "draft" (a cheaper model built from the target).
 
     num_tokens (k): tokens proposed per step and sequence; the verify step scores k + 1.
     ngram_max / ngram_min: longest / shortest suffix n-gram searched for in the sequence.
-    num_layers: draft depth; the draft shares the target's embedding, final norm, LM head
-    and -- because its layers are the target's first layers -- their K/V cache too.
+    model (draft): "int4" (default) or "int8": a weight-quantized copy of the target;
+    "self": the target's own first `num_layers` layers (early exit).
+    num_layers (draft): run only the draft's first num_layers layers (required for "self").
+    Every draft has the target's shapes and shares its KV pool (see minillm/spec/draft.py).
     """
 
     method: str
@@ -41,14 +44,20 @@ class SpecConfig:
             if self.ngram_min > self.ngram_max:
                 bad(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
         else:
-            if self.model not in (None, "self"):
-                # a separate draft checkpoint would need its own KV pool and the same tokenizer
-                bad(f"model={self.model!r}: only the self-draft (the target's first layers) is implemented; "
-                    "pass model='self' (or omit it) and num_layers")
-            if not isinstance(self.num_layers, int) or self.num_layers < 1:
-                bad(f"draft needs num_layers, an integer >= 1, got {self.num_layers!r}")
-            if num_target_layers is not None and self.num_layers >= num_target_layers:
-                bad(f"num_layers ({self.num_layers}) must be below the target's {num_target_layers} layers")
+            if self.model is None:
+                self.model = "int4"
+            if self.model not in DRAFT_MODELS:
+                # a separate checkpoint would need its own KV pool and the same tokenizer: not implemented
+                bad(f"draft model must be one of {DRAFT_MODELS} (drafts built from the target), got {self.model!r}")
+            if self.model == "self" and self.num_layers is None:
+                bad("draft model='self' needs num_layers (how many of the target's first layers to run)")
+            if self.num_layers is not None:
+                if not isinstance(self.num_layers, int) or self.num_layers < 1:
+                    bad(f"num_layers must be an integer >= 1, got {self.num_layers!r}")
+                if num_target_layers is not None and self.num_layers > num_target_layers:
+                    bad(f"num_layers ({self.num_layers}) exceeds the target's {num_target_layers} layers")
+                if num_target_layers is not None and self.model == "self" and self.num_layers == num_target_layers:
+                    bad(f"model='self' with all {num_target_layers} layers is the target itself; use fewer")
 
 
 def parse_speculative(spec: SpecConfig | dict[str, Any] | None) -> SpecConfig | None:

@@ -1,37 +1,74 @@
-"""Self-draft: a subset of the target's own layers, then its final norm and LM head.
+"""Draft proposers built from the target itself: no download, no second KV pool.
 
-It needs no download and no second KV pool: it runs on the target's block
-tables and cache. Each kept layer reads the target's K/V of the context
-(exactly its own for the first N layers, a good stand-in for later ones) and
-writes its guesses at the lookahead slots; the target's verify forward then
-overwrites every slot it reads with its own values, and rejected positions
-lie past the accepted length, overwritten before anyone reads them. So the
-target's cache is exactly what it would be without speculation.
+Two drafts, both with the target's shapes, so they run on the target's block
+tables and KV cache:
 
-Which layers: the first N ("early exit") or every other one ("layer skip",
-Zhang et al. 2023, Draft & Verify); see minillm/bench/spec.py for the
-measured acceptance.
+* model="int4" / "int8": a copy of the target with weight-only quantized
+  linears (minillm.quant) and an int8 LM head. Its context K/V would differ a
+  little from the target's; it reads the target's instead (the better
+  values) and only computes the k lookahead positions itself.
+* model="self": the target's first `num_layers` layers ("early exit"), then
+  its final norm and LM head. Its context K/V are exactly the target's.
+
+The draft writes its guesses' K/V into the lookahead slots; the target's
+verify forward then rewrites every slot it reads, and rejected positions lie
+past the accepted length, rewritten before anyone reads them. So the target's
+cache ends each step exactly as it would without speculation, and the
+draft's cache (the same tensors) is consistent with it by construction.
+
+Measured on SmolLM2-135M (minillm/bench/spec.py, README of notebook 09):
+early exit agrees with the target on few next tokens (first 24 of 30 layers:
+~30%), the int4 (group 32) copy on ~98% at ~40% of the target's step time,
+so "int4" is the default draft.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
 
 from minillm.attention.metadata import AttentionMetadata
 from minillm.engine.sequence import Sequence
+from minillm.models.llama import LlamaForCausalLM
 from minillm.spec.proposal import Proposal
 from minillm.spec.rejection import target_probs
 
+INT4_GROUP_SIZE = 32  # 64 agreed with the target on ~80% of next tokens, 32 on ~98%
+
+
+@torch.no_grad()
+def quantized_copy(target: LlamaForCausalLM, method: str) -> LlamaForCausalLM:
+    """A copy of the target with int8 / int4 linears and an int8 LM head (the target is untouched)."""
+    try:
+        from minillm.quant import QuantLinear, quantize_model
+    except ImportError as e:  # pragma: no cover - minillm.quant ships with minillm
+        raise ValueError(f"speculative draft model={method!r} needs minillm.quant: {e}") from e
+    draft = copy.deepcopy(target)
+    quantize_model(draft, method, INT4_GROUP_SIZE if method == "int4" else None)
+    head = QuantLinear.from_float(draft.lm_head.weight.float(), 8)
+    if draft.embed_tokens.weight.device.type == "cpu":
+        head.use_cpu_kernels()
+    draft.lm_head = head  # the copy's embedding keeps the float weight it was tied to
+    return draft.eval()
+
 
 @dataclass
-class SelfDraftProposer:
-    model: torch.nn.Module  # LlamaForCausalLM (the target)
-    layers: tuple[int, ...]  # indices into the target's layers, in order
+class DraftProposer:
+    target: LlamaForCausalLM
+    draft: LlamaForCausalLM  # the target itself (early exit) or a quantized copy
+    layers: tuple[int, ...]  # indices into the draft's layers, in order
     block_size: int
 
+    def _bind_cache(self) -> None:
+        """A separate draft module reads and writes the target's pool (attached by the runner)."""
+        if self.draft is self.target:
+            return
+        for d, t in zip(self.draft.attention_layers(), self.target.attention_layers()):
+            d.k_cache, d.v_cache, d.backend = t.k_cache, t.v_cache, t.backend
+
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        m = self.model
+        m = self.draft
         x = m.embed_tokens(ids)
         rope = m.rotary.lookup(positions)
         residual = None
@@ -46,9 +83,10 @@ class SelfDraftProposer:
 
         The caller has attached the pool and allocated k + 1 lookahead slots per sequence.
         """
+        self._bind_cache()
         out = [Proposal([], [] if not s.params.greedy else None) for s, _ in wants]
         last = [s.token_ids[-1] for s, _ in wants]
-        dev = self.model.embed_tokens.weight.device
+        dev = self.target.embed_tokens.weight.device
         for depth in range(max((k for _, k in wants), default=0)):
             rows = [i for i, (_, k) in enumerate(wants) if k > depth]
             pos = [wants[i][0].num_tokens - 1 + depth for i in rows]

@@ -25,6 +25,21 @@ def acceptance_probability(p_x: float, q_x: float) -> float:
     return 1.0 if p_x >= q_x else p_x / q_x
 
 
+def residual_distribution(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
+    """Where to draw after rejecting x: max(p - q, 0) normalised (q None: one-hot on x).
+
+    Module-level, like acceptance_probability, so a test can break it on purpose.
+    """
+    if q is None:
+        residual = p.clone()
+        residual[x] = 0.0
+    else:
+        residual = (p - q).clamp_min(0.0)
+    total = float(residual.sum())
+    # p == q up to rounding leaves no mass: then p itself is the right fallback
+    return residual / total if total > 0 else p
+
+
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[rows, V] logits -> the sampler's distribution for each row (same filters as sample())."""
     return _filter(logits, [params] * logits.shape[0]).softmax(-1)
@@ -61,13 +76,7 @@ def verify_tokens(
         q_x = 1.0 if draft_probs is None else float(draft_probs[j, x])
         if u[j] < acceptance_probability(p_x, q_x):
             continue
-        if draft_probs is None:
-            residual = p[j].clone()
-            residual[x] = 0.0
-        else:
-            residual = (p[j] - draft_probs[j]).clamp_min(0.0)
-        total = float(residual.sum())
-        # p == q up to rounding leaves no mass: then p itself is the right fallback
-        tok = _draw(residual / total if total > 0 else p[j], generator)
+        q = None if draft_probs is None else draft_probs[j]
+        tok = _draw(residual_distribution(p[j], q, x), generator)
         return draft[:j] + [tok], j
     return list(draft) + [_draw(p[d], generator)], d

@@ -30,10 +30,24 @@ def make_proposer(cfg: SpecConfig, engine):
         from minillm.spec.ngram import NgramProposer
 
         return NgramProposer(cfg.ngram_max, cfg.ngram_min)
-    from minillm.spec.draft import SelfDraftProposer
+    from minillm.spec.draft import DraftProposer, quantized_copy
 
-    cfg.validate(engine.model.config.num_hidden_layers)
-    return SelfDraftProposer(engine.model, cfg.num_layers, engine.block_manager.block_size)
+    n = engine.model.config.num_hidden_layers
+    cfg.validate(n)
+    draft = engine.model if cfg.model == "self" else quantized_copy(engine.model, cfg.model)
+    return DraftProposer(engine.model, draft, tuple(range(cfg.num_layers or n)), engine.block_manager.block_size)
+
+
+def set_num_tokens(engine, k: int) -> None:
+    """Change k on an idle engine (benchmarks sweep it); the proposer and its draft are kept."""
+    if engine.spec is None:
+        raise ValueError("this engine has no speculative config")
+    if engine.has_unfinished_requests():
+        raise ValueError("change num_tokens between runs, not while requests are in flight")
+    cfg = dataclasses.replace(engine.spec, num_tokens=k)
+    cfg.validate()
+    engine.spec = cfg
+    engine.scheduler.num_lookahead_slots = k
 
 
 def _max_drafts(engine, chunk) -> int:

@@ -1,0 +1,238 @@
+"""`minillm bench spec`: speculative decoding's speed-up, acceptance and the batch sizes where it fades.
+
+One model, one engine per proposer (none, n-gram, int4 draft, ...), each with
+its own KV pool; k is changed between runs on the same engine
+(minillm.spec.step.set_num_tokens), so the draft is built once. Two workloads
+of chat-templated prompts on the default model:
+
+* chat: open questions; the answer rarely repeats the prompt.
+* repeat: the answer quotes its input (repeat a text or code, fix spelling),
+  where prompt lookup shines. (The 135M model does not copy reliably when asked
+  to *edit* code, so the workload asks it to repeat and correct.)
+
+Batch-1 decode speed is read from the step trace: tokens emitted in steps that
+hold no prefill, over those steps' wall time (proposals included). Every
+configuration runs each prompt in turn, interleaved, so slow drift of the
+machine hits them alike. Greedy decoding, so every configuration emits the
+same tokens and the comparison is token for token.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from minillm.bench.stats import figure, ratio
+from minillm.bench.targets import Target, target
+from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.trace import StepTrace
+from minillm.sampling_params import SamplingParams
+
+Log = Callable[[str], None]
+
+SPEC_BATCH1_SPEEDUP = ("spec_batch1_speedup",
+                       "batch-1 decode tok/s with / without speculation, best proposer and k on a workload it fits", 1.5)
+
+CHAT = (
+    "What is the capital of France and why is it famous?",
+    "Explain how a rainbow forms.",
+    "Give me three tips for sleeping better.",
+    "Why is the sky blue?",
+)
+PASSAGE = ("The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step. "
+           "All that glitters is not gold.")
+CODE = "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    return total / len(values)\n"
+REPEAT = (
+    "Repeat the following text exactly: " + PASSAGE,
+    "Repeat this code exactly:\n```python\n" + CODE + "```",
+    "Correct the spelling in this text and write it out in full: The quik brown fox jumpd over the lazy dog. "
+    "A jurney of a thousand miles begins with a singel step.",
+    "Repeat the following text exactly: To be, or not to be, that is the question. Whether tis nobler in the mind "
+    "to suffer the slings and arrows of outrageous fortune.",
+)
+WORKLOADS = {"chat": CHAT, "repeat": REPEAT}
+
+
+@dataclass(frozen=True)
+class SpecWorkload:
+    name: str
+    prompts: tuple[str, ...]
+    output_len: int = 48
+
+    def token_ids(self, tokenizer) -> list[list[int]]:
+        out = []
+        for q in self.prompts:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                                 add_generation_prompt=True)
+            out.append(tokenizer.encode(text, add_special_tokens=False))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "sampling": "greedy, stops at end of sequence or output_len",
+                "template": "the model's chat template, one user turn"}
+
+
+@dataclass(frozen=True)
+class Proposer:
+    """A name on the command line: none, ngram, int4, int8, self:N (the target's first N layers)."""
+
+    name: str
+
+    @property
+    def speculative(self) -> dict[str, Any] | None:
+        if self.name == "none":
+            return None
+        if self.name == "ngram":
+            return {"method": "ngram", "num_tokens": 1}
+        if self.name in ("int4", "int8"):
+            return {"method": "draft", "model": self.name, "num_tokens": 1}
+        if self.name.startswith("self:") and self.name[5:].isdigit():
+            return {"method": "draft", "model": "self", "num_layers": int(self.name[5:]), "num_tokens": 1}
+        raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8 or self:N")
+
+
+@dataclass
+class RunStats:
+    """One run's decode figures from its steps."""
+
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+    proposed: int = 0
+    accepted: int = 0
+    verifies: int = 0  # (sequence, step) pairs that verified at least one proposal
+    emitted_in_verifies: int = 0
+    outputs: list[list[int]] = field(default_factory=list)
+
+    def add(self, steps: list[StepTrace]) -> None:
+        for s in steps:
+            if s.num_prefill_tokens == 0 and s.new_tokens:
+                self.decode_tokens += sum(len(n.token_ids) for n in s.new_tokens)
+                self.decode_s += s.duration_s
+            for r in s.spec:
+                self.proposed += r.num_proposed
+                self.accepted += r.num_accepted
+                if r.num_proposed:
+                    self.verifies += 1
+                    self.emitted_in_verifies += r.num_emitted
+
+
+def build_engines(model, tokenizer, eos_token_ids, proposers: list[str], kv_cache_bytes: int,
+                  max_num_seqs: int = 64) -> dict[str, LLMEngine]:
+    from minillm.config import CacheConfig, SchedulerConfig
+
+    return {
+        p: LLMEngine(model, tokenizer, eos_token_ids,
+                     CacheConfig(kv_cache_memory_bytes=kv_cache_bytes, enable_prefix_caching=False),
+                     SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=2048),
+                     speculative=Proposer(p).speculative)
+        for p in proposers
+    }
+
+
+def run_batch(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> tuple[list[list[int]], list[StepTrace]]:
+    first = len(engine.trace)
+    base = f"spec-bench-{first}-"
+    for i, p in enumerate(prompts):
+        engine.add_request(f"{base}{i}", p, SamplingParams(temperature=0.0, max_tokens=output_len))
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    return [done[f"{base}{i}"] for i in range(len(prompts))], engine.trace[first:]
+
+
+def configs(proposers: list[str], ks: list[int]) -> list[tuple[str, int]]:
+    return [(p, 0) for p in proposers if p == "none"] + [(p, k) for p in proposers if p != "none" for k in ks]
+
+
+def measure_batch1(engines: dict[str, LLMEngine], workload: SpecWorkload, prompts: list[list[int]], ks: list[int],
+                   repeats: int = 1, log: Log = lambda s: None) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (proposer, k): decode tok/s per prompt and repeat, acceptance, tokens per verify."""
+    from minillm.spec.step import set_num_tokens
+
+    cfgs = configs(list(engines), ks)
+    stats = {c: RunStats() for c in cfgs}
+    speeds: dict[tuple[str, int], list[float]] = {c: [] for c in cfgs}
+    for e in engines.values():  # warm-up: allocations, oneDNN primitives, the draft's first call
+        run_batch(e, prompts[:1], 4)
+    for r in range(repeats):
+        for i, p in enumerate(prompts):
+            order = cfgs if (r + i) % 2 == 0 else list(reversed(cfgs))
+            for name, k in order:
+                e = engines[name]
+                if k:
+                    set_num_tokens(e, k)
+                (out,), steps = run_batch(e, [p], workload.output_len)
+                one = RunStats()
+                one.add(steps)
+                stats[(name, k)].add(steps)
+                stats[(name, k)].outputs.append(out)
+                if one.decode_s > 0:
+                    speeds[(name, k)].append(one.decode_tokens / one.decode_s)
+            log(f"{workload.name} repeat {r} prompt {i}: " + ", ".join(
+                f"{n}{'/k=' + str(k) if k else ''} {speeds[(n, k)][-1]:.1f}" for n, k in cfgs if speeds[(n, k)]))
+    ref = stats[cfgs[0]].outputs
+    return {c: {"proposer": c[0], "k": c[1], "decode_tok_per_s": figure("tok/s", speeds[c]),
+                "acceptance_rate": ratio(s.accepted, s.proposed),
+                "mean_accepted": ratio(s.accepted, s.verifies),
+                "tokens_per_verify": ratio(s.emitted_in_verifies, s.verifies),
+                "proposed": s.proposed, "accepted": s.accepted,
+                "same_tokens_as_first_config": s.outputs == ref}
+            for c, s in stats.items()}
+
+
+def measure_batch_scaling(engines: dict[str, LLMEngine], workload: SpecWorkload, prompts: list[list[int]],
+                          batch_sizes: list[int], k: int, log: Log = lambda s: None) -> dict[str, dict[int, float]]:
+    """Decode tok/s of the whole batch per proposer (all at the same k) and batch size."""
+    from minillm.spec.step import set_num_tokens
+
+    out: dict[str, dict[int, float]] = {name: {} for name in engines}
+    for b in batch_sizes:
+        batch = [prompts[i % len(prompts)] for i in range(b)]
+        for name, e in engines.items():
+            if e.spec is not None:
+                set_num_tokens(e, k)
+            _, steps = run_batch(e, batch, workload.output_len)
+            s = RunStats()
+            s.add(steps)
+            out[name][b] = s.decode_tokens / s.decode_s if s.decode_s else float("nan")
+            log(f"{workload.name} batch {b:3d} {name:8s} k={k}: {out[name][b]:.1f} tok/s")
+    return out
+
+
+def summarize_spec(batch1: dict[str, dict], scaling: dict[str, dict[str, dict[int, float]]]) -> dict[str, Any]:
+    """Speed-ups over the no-speculation run of the same workload; the best per proposer; the target."""
+    rows, best = [], None
+    for wl, res in batch1.items():
+        base = res[("none", 0)]["decode_tok_per_s"].median
+        for (name, k), r in res.items():
+            sp = ratio(r["decode_tok_per_s"].median, base)
+            rows.append({"workload": wl, **r, "speedup": sp})
+            if name != "none" and sp is not None and (best is None or sp > best["speedup"]):
+                best = {"workload": wl, "proposer": name, "k": k, "speedup": sp,
+                        "acceptance_rate": r["acceptance_rate"]}
+    gains = {wl: {name: {b: ratio(v, per["none"][b]) for b, v in per[name].items()}
+                  for name in per if name != "none"} for wl, per in scaling.items() if "none" in per}
+    targets: list[Target] = [target(SPEC_BATCH1_SPEEDUP, best["speedup"] if best else None)]
+    return {"batch1": rows, "best": best, "batch_scaling_tok_per_s": scaling, "batch_scaling_speedup": gains,
+            "targets": targets}
+
+
+def format_spec(summary: dict[str, Any]) -> str:
+    from minillm.bench.report import format_targets
+
+    lines = ["speculative decoding, batch-1 greedy decode (median tok/s, speed-up, acceptance, tokens per verify)"]
+    for r in summary["batch1"]:
+        acc = r["acceptance_rate"]
+        tpv = r["tokens_per_verify"]
+        lines.append(f"  {r['workload']:6s} {r['proposer']:8s} k={r['k']}  {r['decode_tok_per_s'].median:6.1f} tok/s  "
+                     f"x{(r['speedup'] or float('nan')):.2f}  acc {'-' if acc is None else f'{acc:.2f}'}  "
+                     f"tok/verify {'-' if tpv is None else f'{tpv:.2f}'}"
+                     + ("" if r["same_tokens_as_first_config"] else "  (OUTPUT DIFFERS)"))
+    for wl, per in summary["batch_scaling_speedup"].items():
+        for name, by_b in per.items():
+            lines.append(f"  {wl} {name}: speed-up by batch " + ", ".join(
+                f"{b}: x{v:.2f}" for b, v in by_b.items() if v is not None))
+    lines += format_targets(summary["targets"])
+    return "\n".join(lines)
+

@@ -1,0 +1,60 @@
+"""`minillm eval ppl`: perplexity and top-1 agreement per quantization setting, table + JSON.
+
+    minillm eval ppl                                   # the issue's seven settings on the default model
+    minillm eval ppl --settings float,int8,gguf --context-len 128 --windows 4 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from minillm.eval.ppl import DEFAULT_SETTINGS, EvalConfig
+
+    d = EvalConfig()
+    p = argparse.ArgumentParser(prog="minillm eval", description="quality evaluation")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("ppl", help="perplexity + top-1 agreement with the float model, per quantization setting")
+    q.add_argument("--model", default=None, help="model path (default: SmolLM2-135M-Instruct GGUF)")
+    q.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
+                   help="comma separated: float, int8, int4, int4-awq, gguf, kv-int8, kv-fp8, joined with '+'")
+    q.add_argument("--context-len", type=int, default=d.context_len)
+    q.add_argument("--windows", type=int, default=d.max_windows, help="number of context-length windows scored")
+    q.add_argument("--chunk-size", type=int, default=d.chunk_size, help="prefill chunk per window per step")
+    q.add_argument("--group-size", type=int, default=None, help="int4 group size (default: largest dividing every layer)")
+    q.add_argument("--threads", type=int, default=None)
+    q.add_argument("--json", default=None, metavar="PATH", help="write the report here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from minillm.bench.report import build_report, write_json
+    from minillm.eval.ppl import EvalConfig, format_table, parse_setting, run_eval, targets, HEADER
+    from minillm.loader import load_model
+    from minillm.roofline.machine import machine_info
+
+    a = build_parser().parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    settings = tuple(s.strip() for s in a.settings.split(",") if s.strip())
+    try:
+        for s in settings:
+            parse_setting(s)
+        if a.context_len < 2 or a.windows < 1 or a.chunk_size < 1:
+            raise ValueError("--context-len must be >= 2, --windows and --chunk-size >= 1")
+    except ValueError as e:
+        raise SystemExit(f"minillm eval ppl: {e}")
+    cfg = EvalConfig(a.context_len, a.windows, a.chunk_size, a.group_size, settings)
+    print(HEADER, flush=True)
+    rows, workload = run_eval(cfg, load_model(a.model, dtype=torch.float32), log=lambda line: print(line, flush=True))
+    checks = targets(rows)
+    for t in checks:
+        print({True: "[PASS]", False: "[FAIL]", None: "[----]"}[t["passed"]], t["name"], t["value"])
+    if a.json:
+        write_json(build_report("eval_ppl", machine=machine_info("cpu"), threads=torch.get_num_threads(),
+                                workload=workload, rows=rows, targets=checks, table=format_table(rows)), a.json)
+        print(f"wrote {a.json}", file=sys.stderr)
+    return 0 if all(r.error is None for r in rows) else 1

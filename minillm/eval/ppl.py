@@ -1,0 +1,154 @@
+"""Perplexity and top-1 agreement of quantization settings against the float model.
+
+A setting names a weight method and/or a KV cache dtype, joined by "+":
+"float", "int8", "int4", "int4-awq", "gguf", "kv-int8", "kv-fp8",
+"int4+kv-int8". Every setting scores the same fixed slice of
+pydoc_data.topics (the "eval" split; AWQ calibrates on the disjoint "calib"
+split) through the paged path (minillm.eval.paged), on its own copy of the
+float model loaded once.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from minillm.eval.paged import score_windows, windows
+from minillm.eval.text import corpus_tokens
+
+DEFAULT_SETTINGS = ("float", "int8", "int4", "int4-awq", "kv-int8", "kv-fp8", "int4+kv-int8")
+KV_PREFIX = "kv-"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    quantization: str | None = None  # LLM(quantization=...)
+    kv_cache_dtype: str = "auto"  # LLM(kv_cache_dtype=...)
+
+
+def parse_setting(name: str) -> Setting:
+    """'int4+kv-int8' -> Setting(quantization='int4', kv_cache_dtype='int8'); ValueError names what is wrong."""
+    from minillm.quant.apply import LLM_METHODS
+
+    quant, kv = None, "auto"
+    for part in name.split("+"):
+        if part == "float":
+            continue
+        if part.startswith(KV_PREFIX):
+            kv = part[len(KV_PREFIX):]
+        elif part in LLM_METHODS:
+            if quant is not None:
+                raise ValueError(f"setting {name!r} names two weight methods")
+            quant = part
+        else:
+            raise ValueError(f"unknown part {part!r} in setting {name!r}; use float, {', '.join(LLM_METHODS)} "
+                             f"or kv-<dtype>, joined by '+'")
+    return Setting(name, quant, kv)
+
+
+@dataclass
+class EvalRow:
+    setting: str
+    perplexity: float | None = None
+    ppl_change_pct: float | None = None  # vs the float row
+    top1_agreement: float | None = None  # share of positions whose argmax equals the float model's
+    weight_bytes_per_token: int | None = None
+    kv_bytes_per_token: int | None = None
+    seconds: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class EvalConfig:
+    context_len: int = 256
+    max_windows: int = 8
+    chunk_size: int = 64
+    group_size: int | None = None
+    settings: tuple[str, ...] = DEFAULT_SETTINGS
+    extra: dict = field(default_factory=dict)
+
+
+def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], dict]:
+    """Score every setting; returns the rows and the workload description."""
+    from minillm.attention.kv_quant import kv_bytes_per_token, resolve_kv_cache_dtype
+    from minillm.loader import load_model
+    from minillm.quant.apply import quantize_loaded
+    from minillm.quant.footprint import weight_bytes_per_token
+
+    settings = [parse_setting(s) for s in cfg.settings]  # all bad names fail before any work
+    if loaded is None:
+        loaded = load_model(dtype=torch.float32)
+    ids = corpus_tokens(loaded.tokenizer, "eval", cfg.context_len * cfg.max_windows)
+    wins = windows(ids, cfg.context_len, cfg.max_windows)
+    mc = loaded.model.config
+    workload = {"text": "pydoc_data.topics, eval split (first half of the topics, sorted by name)",
+                "context_len": cfg.context_len, "windows": wins.shape[0], "scored_tokens": wins.numel() - wins.shape[0],
+                "chunk_size": cfg.chunk_size, "group_size": cfg.group_size, "model": loaded.source}
+    base = run_setting(Setting("float"), loaded, wins, cfg)  # the reference every row is compared with
+    rows: list[EvalRow] = []
+    for s in settings:
+        t0 = time.perf_counter()
+        row = EvalRow(s.name)
+        try:
+            if s.quantization is None and s.kv_cache_dtype == "auto":
+                scores, model = base
+            else:
+                scores, model = run_setting(s, loaded, wins, cfg, quantize_loaded)
+            row.perplexity = scores.perplexity
+            row.ppl_change_pct = 100.0 * (scores.perplexity / base[0].perplexity - 1.0)
+            row.top1_agreement = (scores.top1 == base[0].top1).double().mean().item()
+            row.weight_bytes_per_token = weight_bytes_per_token(model)
+            kv_dtype = resolve_kv_cache_dtype(s.kv_cache_dtype) or loaded.model.embed_tokens.weight.dtype
+            row.kv_bytes_per_token = kv_bytes_per_token(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, kv_dtype)
+        except Exception as e:  # one broken setting must not hide the others
+            row.error = f"{type(e).__name__}: {e}"
+        row.seconds = round(time.perf_counter() - t0, 2)
+        log(format_row(row))
+        rows.append(row)
+    return rows, workload
+
+
+def run_setting(s: Setting, loaded, wins: torch.Tensor, cfg: EvalConfig, quantize_loaded=None):
+    """(scores, model) for one setting on a private copy of the float model."""
+    model = loaded.model
+    if s.quantization is not None:
+        model = copy.deepcopy(loaded.model)
+        gs = cfg.group_size if s.quantization in ("int4", "int4-awq") else None
+        quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs)
+    return score_windows(model, wins, chunk_size=cfg.chunk_size, kv_cache_dtype=s.kv_cache_dtype), model
+
+
+HEADER = f"{'setting':16s} {'ppl':>8s} {'d ppl %':>8s} {'top-1 agr':>9s} {'W B/tok':>9s} {'KV B/tok':>8s} {'s':>6s}"
+
+
+def format_row(r: EvalRow) -> str:
+    if r.error:
+        return f"{r.setting:16s} ERROR {r.error[:100]}"
+    return (f"{r.setting:16s} {r.perplexity:8.3f} {r.ppl_change_pct:+8.2f} {r.top1_agreement:9.4f} "
+            f"{r.weight_bytes_per_token / 1e6:8.1f}M {r.kv_bytes_per_token:8d} {r.seconds:6.1f}")
+
+
+def format_table(rows: list[EvalRow]) -> str:
+    return "\n".join([HEADER] + [format_row(r) for r in rows])
+
+
+def targets(rows: list[EvalRow]) -> list[dict]:
+    """The issue's quality targets, judged on these rows (None when a row is missing or failed)."""
+    by = {r.setting: r for r in rows if r.error is None}
+
+    def d(name):
+        return by[name].ppl_change_pct if name in by else None
+
+    checks = [
+        ("int8 weights raise perplexity by < 1%", d("int8"), lambda v: v < 1.0),
+        ("KV int8 raises perplexity by < 0.5%", d("kv-int8"), lambda v: v < 0.5),
+    ]
+    out = [{"name": n, "value": v, "passed": None if v is None else bool(ok(v))} for n, v, ok in checks]
+    awq, rtn = d("int4-awq"), d("int4")
+    out.append({"name": "int4 AWQ raises perplexity less than int4 RTN", "value": [awq, rtn],
+                "passed": None if awq is None or rtn is None else awq < rtn})
+    return out

@@ -1,0 +1,45 @@
+"""Bytes a batch-1 decode step reads: the weights (as stored) and the KV cache per token.
+
+Counted from the tensors the model actually holds, so a quantized model's
+figure is what its QuantLinear buffers occupy (codes + scales + zeros), not a
+formula. Per decoded token every matmul weight is read once; the embedding
+is a gather of one row, so an untied embedding table does not count, a tied
+one does (it is the LM head).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minillm.quant.linear import QuantLinear
+
+
+def _unique_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for t in tensors:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def weight_bytes_per_token(model: nn.Module) -> int:
+    """Bytes of weights one batch-1 decode step streams (parameters + QuantLinear buffers; not RoPE tables)."""
+    embed = model.embed_tokens.weight
+    tied = model.lm_head.weight.data_ptr() == embed.data_ptr()
+    tensors = [p for n, p in model.named_parameters(remove_duplicate=False) if tied or p.data_ptr() != embed.data_ptr()]
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            tensors += [b for b in m.buffers()]
+    return _unique_bytes(tensors)
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of every weight the model keeps in memory (the embedding table included)."""
+    tensors = list(model.parameters())
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            tensors += list(m.buffers())
+    return _unique_bytes(tensors)

@@ -1,0 +1,118 @@
+"""The llama.cpp peer: said clearly when missing; when installed, the real library on the default GGUF.
+
+The not-installed path is exercised by hiding the package the way Python's import
+system itself allows (sys.modules[name] = None), so it runs whether or not this
+machine has llama-cpp-python. The subject tests skip when it is not installed
+(CI does not build it); they check llama.cpp's logits against transformers'
+(speed is compared between engines, correctness against transformers) and that
+batched serving over several sequence ids returns every requested token.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from minillm.bench.cli import main
+from minillm.bench.llamacpp_subject import NOT_INSTALLED, llama_cpp_available, load_llama_cpp
+from tests.helpers.tiny_models import make_tiny_hf_model
+
+INSTALLED = importlib.util.find_spec("llama_cpp") is not None
+
+
+@pytest.fixture()
+def one_thread():
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+def test_missing_llama_cpp_is_said_in_output_and_json(tmp_path, monkeypatch, capsys, one_thread):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now fails as if not installed
+    ok, why = llama_cpp_available()
+    assert not ok and why == NOT_INSTALLED and "not installed" in why
+    with pytest.raises(ImportError, match="not installed"):
+        load_llama_cpp("any.gguf", repack=False, n_threads=1)
+    folder, _ = make_tiny_hf_model(tmp_path / "m", "llama")
+    out = tmp_path / "lat.json"
+    argv = ["latency", "--model", str(folder), "--compare", "llama.cpp", "--no-roofs", "--quiet", "--prompt-len", "4",
+            "--output-len", "3", "--prefill-len", "8", "--repeats", "1", "--prefill-repeats", "1", "--json", str(out)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "llama-cpp-python is not installed" in captured.out and "not installed" in captured.err
+    report = json.loads(out.read_text())
+    lc = report["settings"]["llama_cpp"]
+    assert lc["notes"] == {"llama.cpp": NOT_INSTALLED} and "llama_batch" in lc["driven"]
+    assert list(report["figures"]) == ["minillm"] and report["settings"]["compare"] == ["llama.cpp"]
+
+
+def test_compare_rejects_unknown_peers():
+    with pytest.raises(SystemExit):
+        main(["latency", "--compare", "vllm"])
+
+
+needs_llama_cpp = pytest.mark.skipif(not INSTALLED, reason="llama-cpp-python is not installed (optional extra `peers`)")
+
+
+@pytest.fixture(scope="module")
+def gguf_path():
+    from minillm.loader import default_model_path
+
+    return str(default_model_path())
+
+
+@needs_llama_cpp
+@pytest.mark.slow
+@pytest.mark.default_model
+@pytest.mark.parametrize("repack", [False, True])
+def test_llama_cpp_logits_match_transformers(gguf_path, hf_default_reference, repack):
+    subject = load_llama_cpp(gguf_path, repack=repack, n_threads=1)
+    try:
+        prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 28, 1026, 1187, 3817, 30]
+        got = subject.logits(prompt)
+        with torch.no_grad():
+            ref = hf_default_reference(torch.tensor([prompt])).logits[0, -1].float().numpy()
+        assert got.shape == ref.shape
+        # llama.cpp multiplies Q4_1 weights with 8-bit-quantized activations; transformers dequantizes to float
+        assert int(got.argmax()) == int(ref.argmax())
+        assert np.corrcoef(got, ref)[0, 1] > 0.99
+    finally:
+        subject.close()
+
+
+@needs_llama_cpp
+@pytest.mark.slow
+@pytest.mark.default_model
+def test_llama_cpp_serves_batched_and_decodes(gguf_path):
+    subject = load_llama_cpp(gguf_path, repack=False, n_threads=1, max_num_seqs=3)
+    try:
+        prompts = [[1, 2, 3, 4, 5] * k for k in (1, 2, 3, 4)]  # 4 requests over 3 slots: one waits for a slot
+        outs = [3, 5, 2, 4]
+        run = subject.serve(prompts, outs)
+        assert run.output_tokens == run.generated_tokens == sum(outs)
+        assert run.prompt_tokens == sum(map(len, prompts))
+        assert len(run.ttft_s) == 4 and all(0 < t <= run.wall_s for t in run.ttft_s)
+        assert len(run.tpot_s) == 4 and all(t > 0 for t in run.tpot_s)
+        # batched: fewer llama_decode calls than the tokens produced one sequence at a time would need
+        assert run.num_steps < sum(outs)
+        d = subject.decode(prompts[0], 6)
+        assert d.num_output_tokens == 6 and d.ttft_s > 0 and d.decode_tok_s > 0
+        assert subject.prefill(prompts[3]) > 0
+    finally:
+        subject.close()
+
+
+@needs_llama_cpp
+@pytest.mark.slow
+@pytest.mark.default_model
+def test_probe_runs_in_a_child_and_reports_failures(gguf_path, tmp_path):
+    from minillm.bench.llamacpp_subject import probe_llama_cpp
+
+    assert probe_llama_cpp(gguf_path, repack=False) is None
+    why = probe_llama_cpp(str(tmp_path / "missing.gguf"), repack=True)
+    assert why.startswith("repack=1: a probe load + decode failed (exit code 1)") and "could not load" in why

@@ -1,0 +1,154 @@
+"""Tensor parallelism end to end on a tiny random Llama (8 query / 4 KV heads): tp=2 and tp=4 vs one rank.
+
+Each TP engine spawns worker processes (a few seconds each: a fresh interpreter
+imports torch), so every engine is built once per module and all checks read
+its recorded run. Logits are compared at the sampler's input: tp changes only
+the order of floating-point sums, so they agree to float32 rounding.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from unittest import mock
+
+import pytest
+import torch
+
+from minillm import LLM, SamplingParams
+from minillm.engine import model_runner
+from minillm.parallel import executor
+from minillm.parallel.executor import TensorParallelError
+from tests.helpers.tiny_models import make_tiny_hf_model
+
+LOGITS_ATOL = 1e-4  # float32; measured max difference 4.5e-6 on logits up to ~6
+pytestmark = pytest.mark.slow  # spawns 7 worker processes in all (~40 s of CPU)
+VOCAB = 338  # not a multiple of 4: the vocab-parallel shards need padding at tp=4
+ENGINE = dict(block_size=4, num_kv_blocks=128, max_num_batched_tokens=16, seed=0)
+SHARED = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]  # 3 full blocks: a prefix-cache hit later
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    folder, _ = make_tiny_hf_model(tmp_path_factory.mktemp("tp"), "llama", num_attention_heads=8,
+                                   num_key_value_heads=4, vocab_size=VOCAB)
+    return str(folder)
+
+
+@contextmanager
+def recording_logits(module):
+    """Record every logits tensor the engine hands to its sampler."""
+    seen: list[torch.Tensor] = []
+    real = module.sample
+
+    def spy(logits, *a, **kw):
+        seen.append(logits.detach().clone())
+        return real(logits, *a, **kw)
+
+    with mock.patch.object(module, "sample", spy):
+        yield seen
+
+
+def scenario(llm: LLM) -> list[list[int]]:
+    """Batched prompts (one longer than the 16-token budget: chunked prefill), then a shared-prefix request."""
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    first = [SHARED + [30, 31], list(range(40, 70)), [5, 6, 7]]
+    out = [o.outputs[0].token_ids for o in llm.generate(first, sp, use_tqdm=False)]
+    out += [o.outputs[0].token_ids for o in llm.generate([SHARED + [99, 98, 97]], sp, use_tqdm=False)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_folder):
+    llm = LLM(tiny_folder, **ENGINE)
+    with recording_logits(model_runner) as logits:
+        tokens = scenario(llm)
+    return tokens, torch.cat(logits), llm.trace
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"tp{n}")
+def tp_run(request, tiny_folder):
+    n = request.param
+    with LLM(tiny_folder, tensor_parallel_size=n, **ENGINE) as llm:
+        workers = list(llm.engine.runner.workers)
+        assert len(workers) == n - 1 and all(p.is_alive() for p in workers)
+        with recording_logits(executor) as logits:
+            tokens = scenario(llm)
+        trace = llm.trace
+    return n, tokens, torch.cat(logits), trace, workers
+
+
+def test_greedy_tokens_and_logits_match_one_rank(tp_run, reference):
+    n, tokens, logits, _, _ = tp_run
+    ref_tokens, ref_logits, _ = reference
+    assert tokens == ref_tokens
+    assert logits.shape == ref_logits.shape == (logits.shape[0], VOCAB)
+    err = (logits - ref_logits).abs().max().item()
+    assert err < LOGITS_ATOL, f"tp={n}: max |logit difference| {err:.2e}"
+
+
+def test_chunked_prefill_and_prefix_caching_still_happen(tp_run, reference):
+    _, _, _, trace, _ = tp_run
+    ref_trace = reference[2]
+    chunked = [s for t in trace for s in t.scheduled if s.phase == "prefill" and not s.sampled]
+    assert chunked, "the 30-token prompt should be split over steps by the 16-token budget"
+    hits = sum(t.prefix_hit_tokens for t in trace)
+    assert hits == sum(t.prefix_hit_tokens for t in ref_trace) >= 12
+    assert [t.num_tokens for t in trace] == [t.num_tokens for t in ref_trace]  # same schedule step by step
+
+
+def test_trace_counts_the_collectives_analytically(tp_run, tiny_folder):
+    n, _, _, trace, _ = tp_run
+    layers, hidden, fp32 = 2, 64, 4
+    padded_vocab = -(-VOCAB // n) * n
+    for t in trace:
+        rows = sum(s.sampled for s in t.scheduled)
+        # 2 all-reduces per layer (o_proj, down_proj) + 1 after the embedding, tokens x hidden each
+        assert t.allreduce_bytes == (2 * layers + 1) * t.num_tokens * hidden * fp32 > 0
+        assert t.allgather_bytes == rows * padded_vocab * fp32  # the LM head's logits
+        assert t.comm_time_s > 0
+
+
+def test_workers_are_gone_after_close(tp_run):
+    workers = tp_run[4]
+    assert all(not p.is_alive() for p in workers)
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # a next TP engine can start in this process
+
+
+def _break_worker_mid_run(sig: int, timeout_s: float, folder: str) -> tuple[str, float, list]:
+    llm = LLM(folder, tensor_parallel_size=2, tensor_parallel_timeout_s=timeout_s, **ENGINE)
+    worker = llm.engine.runner.workers[0]
+
+    def strike():
+        while len(llm.trace) < 3:  # mid-run: some steps done
+            time.sleep(0.005)
+        os.kill(worker.pid, sig)
+
+    threading.Thread(target=strike, daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(TensorParallelError) as err:
+        llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=400, ignore_eos=True), use_tqdm=False)
+    elapsed = time.monotonic() - t0
+    with pytest.raises(TensorParallelError, match="down"):  # and it stays down, no hang
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.close()
+    return str(err.value), elapsed, llm.engine.runner.workers
+
+
+def test_killed_worker_raises_a_clear_error(tiny_folder):
+    msg, elapsed, workers = _break_worker_mid_run(signal.SIGKILL, 10.0, tiny_folder)
+    assert "rank 1" in msg and "died" in msg, msg
+    assert elapsed < 10.0 + 5  # within the timeout (plus the reaping pause)
+    assert all(not p.is_alive() for p in workers)
+
+
+@pytest.mark.slow
+def test_hung_worker_raises_within_the_timeout(tiny_folder):
+    msg, elapsed, workers = _break_worker_mid_run(signal.SIGSTOP, 3.0, tiny_folder)
+    assert "did not answer within 3 s" in msg, msg
+    assert 2.5 < elapsed < 3.0 + 5
+    assert all(not p.is_alive() for p in workers)  # the stopped worker was killed, not left behind

@@ -1,0 +1,96 @@
+"""`minillm roofline`: the roofs are measured (small sizes here), cached per machine, and a trace is placed under them.
+
+MINILLM_CACHE_DIR points the cache at a temporary folder. What can fail: the
+cache must be written under the machine's key and read back instead of
+measuring again (unless asked), a corrupt cache must be replaced, and the CLI's
+JSON must give every computing step its intensity, achieved FLOP/s and
+fraction of the roof.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from minillm.cli import main as minillm_main
+from minillm.engine.trace import dump_trace
+from minillm.roofline.machine import machine_info
+from minillm.roofline.roofs import cache_path, get_roofs
+from minillm.roofline.timing import time_repeats
+from tests.helpers.engine_utils import greedy, make_engine, random_prompts, run_to_completion, tiny_model
+
+SMALL = dict(copy_bytes=8 * 2**20, matmul_n=128, repeats=3)
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINILLM_CACHE_DIR", str(tmp_path / "cache"))
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)  # the cache key includes the thread count: keep it fixed
+    yield tmp_path / "cache"
+    torch.set_num_threads(prev)
+
+
+def test_roofs_are_measured_then_cached_per_machine(cache):
+    roofs = get_roofs("cpu", **SMALL)
+    path = cache_path(machine_info("cpu"))
+    assert path.parent == cache and path.name.startswith("roofs-") and path.exists()
+    assert roofs.bandwidth_bytes_per_s > 0 and roofs.read_bandwidth.median > 0
+    assert set(roofs.matmul) == {"float32", "bfloat16"} and roofs.flops_per_s(torch.float32) > 0
+    assert roofs.matmul["float32"].params["n"] == 128 and len(roofs.bandwidth.values) == 3
+    again = get_roofs("cpu", **SMALL)
+    assert again.measured_at == roofs.measured_at  # read from the cache, not measured
+    fresh = get_roofs("cpu", remeasure=True, **SMALL)
+    assert fresh.measured_at > roofs.measured_at
+    assert json.loads(path.read_text())["measured_at"] == fresh.measured_at
+    path.write_text("{not json")
+    assert get_roofs("cpu", **SMALL).measured_at > fresh.measured_at  # a corrupt cache is measured over
+    more = get_roofs("cpu", dtypes=("float32", "bfloat16", "float16"), **SMALL)
+    assert "float16" in more.matmul  # a dtype the cache lacks is measured
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events need a GPU")
+def test_cuda_events_time_gpu_work():
+    a = torch.randn(2048, 2048, device="cuda")
+    times = time_repeats(lambda: a @ a, torch.device("cuda"), 3)
+    assert len(times) == 3 and all(0 < t < 10 for t in times)
+
+
+def test_roofline_cli_places_a_trace(cache, tmp_path, capsys):
+    get_roofs("cpu", **SMALL)  # the CLI then reads the cache instead of measuring 512 MiB
+    engine = make_engine(tiny_model(), max_num_batched_tokens=32)
+    for i, p in enumerate(random_prompts(2, 97, 12, 40, seed=5)):
+        engine.add_request(str(i), p, greedy(4))
+    run_to_completion(engine)
+    trace_path = tmp_path / "trace.jsonl"
+    dump_trace(engine.trace, str(trace_path))
+    out = tmp_path / "roof.json"
+    assert minillm_main(["roofline", "--json", "--trace", str(trace_path), "--output", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    report = json.loads(out.read_text())
+    assert printed == report
+    assert report["roofs"]["matmul"]["float32"]["params"]["n"] == 128  # the cached roofs
+    tr = report["trace"]
+    assert tr["ridge_intensity"] == pytest.approx(
+        report["roofs"]["matmul"]["float32"]["median"] / report["roofs"]["bandwidth"]["median"])
+    steps = tr["steps"]
+    assert len(steps) == sum(1 for r in engine.trace if r.flops > 0) and tr["phases"]["all"]["num_steps"] == len(steps)
+    for s in steps:
+        assert s["intensity"] > 0 and s["achieved_flops_per_s"] > 0 and 0 < s["roof_fraction"]
+        assert s["bound"] in ("memory", "compute")
+    assert minillm_main(["roofline", "--trace", str(trace_path)]) == 0
+    text = capsys.readouterr().out
+    assert "ridge point" in text and "decode" in text and "of roof" in text
+
+
+def test_roofline_cli_rejects_bad_input(cache, tmp_path):
+    with pytest.raises(SystemExit, match="unknown dtype"):
+        minillm_main(["roofline", "--dtypes", "float33"])
+    get_roofs("cpu", **SMALL)
+    with pytest.raises(SystemExit, match="cannot read the trace"):
+        minillm_main(["roofline", "--trace", str(tmp_path / "missing.jsonl")])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 1}\n')
+    with pytest.raises(SystemExit, match="cannot read the trace"):
+        minillm_main(["roofline", "--trace", str(bad)])

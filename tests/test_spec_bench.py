@@ -1,0 +1,43 @@
+"""`minillm bench spec` on the default model, tiny settings: the report's shape, no timing claims."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minillm.bench import spec as sb
+from minillm.bench.report import build_report
+
+pytestmark = [pytest.mark.default_model, pytest.mark.slow]
+
+
+def test_spec_bench_report(default_model):
+    m = default_model
+    engines = sb.build_engines(m.model, m.tokenizer, m.eos_token_ids, ["none", "ngram"], 16 << 20)
+    wl = sb.SpecWorkload("repeat", sb.REPEAT[:1], output_len=12)
+    prompts = wl.token_ids(m.tokenizer)
+    batch1 = {"repeat": sb.measure_batch1(engines, wl, prompts, ks=[1, 3])}
+    scaling = {"repeat": sb.measure_batch_scaling(engines, wl, prompts, [1, 2], k=3)}
+    summary = sb.summarize_spec(batch1, scaling)
+    rows = {(r["proposer"], r["k"]): r for r in summary["batch1"]}
+    assert set(rows) == {("none", 0), ("ngram", 1), ("ngram", 3)}
+    assert all(r["same_tokens_as_first_config"] for r in rows.values())  # greedy: speculation changes nothing
+    assert rows[("none", 0)]["speedup"] == 1.0 and rows[("none", 0)]["proposed"] == 0
+    ng = rows[("ngram", 3)]
+    assert ng["proposed"] > 0 and 0.0 <= ng["acceptance_rate"] <= 1.0
+    assert 1.0 <= ng["tokens_per_verify"] <= 4.0
+    assert summary["best"]["proposer"] == "ngram"
+    assert set(summary["batch_scaling_speedup"]["repeat"]["ngram"]) == {1, 2}
+    report = build_report("spec", workload={"repeat": wl.to_dict()}, **summary)
+    json.dumps(report)  # plain JSON all the way down
+    assert report["targets"][0]["name"] == "spec_batch1_speedup"
+    assert "tok/verify" in sb.format_spec(summary)
+    for e in engines.values():
+        assert e.block_manager.num_free_blocks == e.block_manager.num_blocks
+
+
+def test_unknown_proposer_fails_before_loading_the_model():
+    from minillm.bench.cli import main
+
+    with pytest.raises(ValueError, match="unknown proposer"):
+        main(["spec", "--proposers", "medusa", "--model", "/nonexistent.gguf"])
