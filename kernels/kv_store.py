@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minillm.attention.kv_quant import as_bits  # fp8 pools reach the kernels as uint8 bits
 from minillm.kernels._common import cast_out, interpreting, next_pow2
 from minillm.kernels.kv_quant import QUANT_FP8, QUANT_INT8, quantize_rows
 
@@ -117,11 +118,6 @@ def quant_mode(cache: torch.Tensor) -> int:
     if cache.dtype == torch.float8_e4m3fn:
         return QUANT_FP8
     raise ValueError(f"a quantized KV cache must be int8 or float8_e4m3fn, not {cache.dtype}")
-
-
-def as_bits(cache: torch.Tensor) -> torch.Tensor:
-    """fp8 pools go to the kernels as uint8 bits (they convert by hand)."""
-    return cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
 
 
 def _launch_params(T: int, kvh: int, d: int) -> dict:

@@ -278,7 +278,8 @@ def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, 
 
     if quant is None and dtype == torch.bfloat16:
         return gpu_compile_specs(dtype, head_dim, group, block_size, configs, quant=0) + [
-            s for qm in (QUANT_INT8, QUANT_FP8) for s in gpu_compile_specs(dtype, head_dim, group, block_size, quant=qm)]
+            s for qm in (QUANT_INT8, QUANT_FP8)
+            for s in gpu_compile_specs(dtype, head_dim, group, block_size, quant=qm)]
     quant = quant or 0
     p = TRITON_PTR[dtype]
     cp = QUANT_PTR[quant] if quant else p  # the code pools: int8, or fp8 as uint8 bits

@@ -90,7 +90,8 @@ def gather_rows(cache: torch.Tensor, scales: torch.Tensor | None, blocks: torch.
     return dequantize_kv(rows, scales[blocks, offsets], torch.float32)
 
 
-def quantize_workload(w: PagedWorkload, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_workload(w: PagedWorkload,
+                      dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The workload's caches quantized per (slot, head) to int8 / float8_e4m3fn.
 
     Returns (k_codes, v_codes, k_scale, v_scale). Unwritten (NaN) slots get NaN

@@ -32,6 +32,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--kv-cache-mb", type=int, default=None, help="KV pool budget in MiB")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
+                   help="int8 / fp8 (e4m3): quantized KV cache, a scale per token per head")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--no-chunked-prefill", action="store_true")
@@ -53,6 +55,7 @@ def _make_llm(a: argparse.Namespace):
         max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
         kv_cache_memory_bytes=None if a.kv_cache_mb is None else a.kv_cache_mb * 2**20,
         enable_prefix_caching=not a.no_prefix_caching, enable_chunked_prefill=not a.no_chunked_prefill,
+        kv_cache_dtype=a.kv_cache_dtype,
     )
 
 

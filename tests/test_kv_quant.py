@@ -226,6 +226,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+@pytest.mark.slow
 @pytest.mark.default_model
 def test_default_model_quantized_kv_stays_close_to_float(default_model):
     tok = default_model.tokenizer

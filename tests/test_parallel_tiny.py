@@ -152,3 +152,19 @@ def test_hung_worker_raises_within_the_timeout(tiny_folder):
     assert "did not answer within 3 s" in msg, msg
     assert 2.5 < elapsed < 3.0 + 5
     assert all(not p.is_alive() for p in workers)  # the stopped worker was killed, not left behind
+
+
+def test_an_unclosed_engine_is_reaped_when_dropped(tiny_folder):
+    import gc
+
+    import torch.distributed as dist
+
+    llm = LLM(tiny_folder, tensor_parallel_size=2, **ENGINE)
+    workers = list(llm.engine.runner.workers)
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+    del llm
+    gc.collect()
+    for p in workers:
+        p.join(timeout=10)
+    assert not any(p.is_alive() for p in workers)
+    assert not dist.is_initialized()

@@ -7,6 +7,7 @@
     python -m minillm.bench spec --json spec.json
     python -m minillm.bench tp --tp 3 --json tp.json
     python -m minillm.bench roofs --remeasure
+    python -m minillm.bench quant --settings float,int8,int4,gguf --json quant.json
 """
 from __future__ import annotations
 
@@ -149,6 +150,23 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--threads", type=int, default=None)
     tp.add_argument("--seed", type=int, default=0)
     tp.add_argument("--json", dest="json_out", default=None)
+
+    qnt = sub.add_parser("quant", help="weight/KV quantization: batch-1 decode tok/s per setting, bytes per "
+                                       "token and the bandwidth roof of each")
+    qnt.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
+    qnt.add_argument("--settings", default="float,int8,int4,gguf,kv-int8,int4+kv-int8",
+                     help="comma list: float, int8, int4, int4-awq, gguf, kv-int8, kv-fp8, joined with '+'")
+    qnt.add_argument("--group-size", type=int, default=None, help="int4 group size (default: largest dividing every layer)")
+    qnt.add_argument("--prompt-len", type=int, default=32)
+    qnt.add_argument("--output-len", type=int, default=64)
+    qnt.add_argument("--repeats", type=int, default=3)
+    qnt.add_argument("--threads", type=int, default=None)
+    qnt.add_argument("--seed", type=int, default=0)
+    qnt.add_argument("--remeasure-roofs", action="store_true")
+    qnt.add_argument("--no-roofs", action="store_true")
+    qnt.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
+    qnt.add_argument("--quiet", action="store_true")
+    qnt.add_argument("--json", dest="json_out", default=None)
 
     roofs = sub.add_parser("roofs", help="measure (or show the cached) bandwidth and matmul roofs")
     roofs.add_argument("--device", default=None)
@@ -408,6 +426,33 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _quant(args: argparse.Namespace) -> dict[str, Any]:
+    from minillm.bench.quant import LLAMA_CPP_NOTE, format_quant, measure_quant
+    from minillm.bench.report import build_report
+    from minillm.bench.runner import _context
+    from minillm.eval.ppl import parse_setting
+    from minillm.loader import load_model
+
+    settings = tuple(x.strip() for x in args.settings.split(",") if x.strip())
+    try:
+        for x in settings:
+            parse_setting(x)
+    except ValueError as e:
+        raise SystemExit(f"minillm bench quant: {e}")
+    roofs = _roofs(args, "cpu")
+    bw = roofs.bandwidth_bytes_per_s if roofs is not None else None
+    wl = LatencyWorkload(args.prompt_len, args.output_len, 0, args.seed)
+    loaded = load_model(args.model, dtype=torch.float32)
+    rows = measure_quant(loaded, settings, wl, bw, args.repeats, args.group_size,
+                         log=(lambda s: None) if args.quiet else _log)
+    report = build_report("quant", **_context(roofs, "cpu"), workload=wl,
+                          settings={"model": args.model or "default", "threads": torch.get_num_threads(),
+                                    "group_size": args.group_size, "settings": list(settings)},
+                          rows=[r.to_dict() for r in rows], llama_cpp_reference=LLAMA_CPP_NOTE)
+    print(format_quant(rows, bw))
+    return report
+
+
 def _show_roofs(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench.report import jsonable
     from minillm.roofline.roofs import get_roofs
@@ -432,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     report = {"latency": _latency, "throughput": _throughput, "serve": _serve, "prefix": _prefix,
-              "spec": _spec, "tp": _tp, "roofs": _show_roofs}[args.command](args)
+              "spec": _spec, "tp": _tp, "roofs": _show_roofs, "quant": _quant}[args.command](args)
     for note in args.peer_notes.values():  # a peer that did not run is said on stdout too, not only in the JSON
         print(f"note: {note}")
     _warn_if_noisy(report)

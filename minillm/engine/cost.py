@@ -40,7 +40,7 @@ def step_cost(
     chunks: list[tuple[int, int]],  # (num_new_tokens, context_len after the step) per sequence
     num_logits: int,
     bytes_per_weight: float,
-    bytes_per_kv_elem: float,
+    bytes_per_kv_elem: float,  # as stored: int8/fp8 caches add their per-token-per-head fp32 scale
 ) -> StepCost:
     h, d, layers = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d

@@ -78,8 +78,8 @@ class LLMEngine:
             # minillm/parallel: shards the model over N ranks; run() has ModelRunner's interface
             from minillm.parallel.executor import TPExecutor
 
-            if compile:
-                raise ValueError("compile=True is not supported with tensor_parallel_size > 1")
+            if compile or speculative is not None:
+                raise ValueError("compile=True and speculative decoding are not supported with tensor_parallel_size > 1")
             self.runner = TPExecutor(model, tensor_parallel, self.cache_config, attention_backend)
             spec = self.runner.spec
         else:
@@ -104,6 +104,11 @@ class LLMEngine:
             self.proposer = make_proposer(self.spec, self)
             self.scheduler.num_lookahead_slots = self.spec.num_tokens
         self._weight_bytes_per_param = model.embed_tokens.weight.element_size()
+        if any(type(m).__name__ == "QuantLinear" for m in model.modules()):  # weight-only quantized:
+            from minillm.engine.cost import weight_bytes  # the bytes it stores, per parameter on average
+            from minillm.quant.footprint import weight_bytes_per_token
+
+            self._weight_bytes_per_param = weight_bytes_per_token(model) / weight_bytes(model.config, 1.0)
         # bytes per cached K/V element as stored, per-token-per-head scales included (int8/fp8 caches)
         cfg = model.config
         self._kv_elem_bytes = spec.bytes_per_block / (

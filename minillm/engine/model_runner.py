@@ -5,7 +5,9 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.attention.kv_quant import SCALE_DTYPE, QuantKVLayer, is_quantized, kv_bytes_per_token, resolve_kv_cache_dtype
+from minillm.attention.kv_quant import (
+    SCALE_DTYPE, QuantKVLayer, is_quantized, kv_bytes_per_token, resolve_kv_cache_dtype,
+)
 from minillm.attention.metadata import AttentionMetadata
 from minillm.config import CacheConfig
 from minillm.engine.sampler import SampleResult, sample
@@ -61,7 +63,8 @@ def plan_kv_cache(model: LlamaForCausalLM, cache: CacheConfig, device: torch.dev
     cfg = model.config
     # kv_cache_dtype "int8"/"fp8": quantized values + fp32 scales, so the same bytes hold more tokens
     dtype = resolve_kv_cache_dtype(cache.kv_cache_dtype) or cache.cache_dtype or model.embed_tokens.weight.dtype
-    per_block = kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype) * cache.block_size
+    per_token = kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype)
+    per_block = per_token * cache.block_size
     if cache.num_blocks is not None:
         n = cache.num_blocks
     elif cache.kv_cache_memory_bytes is not None:

@@ -66,6 +66,11 @@ class TPExecutor:
         self._error: str | None = None
         self._closed = False
         device = model.embed_tokens.weight.device
+        if device.type == "cuda" and torch.cuda.device_count() < config.size:
+            raise ValueError(f"tensor_parallel_size={config.size} needs one GPU per rank; "
+                             f"{torch.cuda.device_count()} visible")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL's object collectives use the current device
         threads = config.worker_threads or max(1, (os.cpu_count() or 1) // config.size)
         port = free_port()
         ctx = mp.get_context("spawn")
