@@ -54,8 +54,10 @@ class LLM:
         speculative: dict | None = None,
         tensor_parallel_size: int = 1,
         tensor_parallel_timeout_s: float = 60.0,
+        pipeline_parallel_size: int = 1,
         quantization: str | None = None,
         quantization_group_size: int | None = None,
+        quantize_lm_head: bool = False,
     ) -> None:
         from minillm.attention.kv_quant import resolve_kv_cache_dtype
         from minillm.loader import load_model
@@ -64,10 +66,10 @@ class LLM:
         from minillm.quant.apply import check_llm_options
 
         # weight quantization: "int8" | "int4" | "int4-awq" | "gguf" (keep the file's Q4 codes);
-        # group size None = the largest of 128/64/32 dividing every layer (128 does not divide 576)
+        # int4 group size None = 32 (most accurate; 128 does not divide the default model's 576)
         check_llm_options(quantization, quantization_group_size)
-        if quantization is not None and tensor_parallel_size > 1:
-            raise ValueError("weight quantization is not supported with tensor_parallel_size > 1")
+        if (quantization is not None or quantize_lm_head) and (tensor_parallel_size > 1 or pipeline_parallel_size > 1):
+            raise ValueError("weight quantization is not supported with tensor or pipeline parallelism")
         from minillm.spec.config import parse_speculative
 
         speculative = parse_speculative(speculative)  # bad configs fail before the model load too
@@ -75,20 +77,28 @@ class LLM:
             raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
         if tensor_parallel_size > 1 and speculative is not None:
             raise ValueError("speculative decoding is not supported with tensor_parallel_size > 1")
+        if not isinstance(pipeline_parallel_size, int) or pipeline_parallel_size < 1:
+            raise ValueError(f"pipeline_parallel_size must be an int >= 1, got {pipeline_parallel_size!r}")
+        if pipeline_parallel_size > 1 and (tensor_parallel_size > 1 or speculative is not None
+                                           or quantization is not None):
+            raise ValueError("pipeline_parallel_size > 1 does not combine with tensor_parallel_size > 1, "
+                             "speculative decoding or weight quantization")
         torch.manual_seed(seed)
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.loaded = load_model(model, dtype=resolve_dtype(dtype), device=dev)
         self.quantization_report: dict[str, str] = {}
-        if quantization is not None:
+        if quantization is not None or quantize_lm_head:  # quantize_lm_head: an int8 LM head (the embedding stays)
             from minillm.quant.apply import quantize_loaded
 
-            self.quantization_report = quantize_loaded(self.loaded, quantization, quantization_group_size)
+            self.quantization_report = quantize_loaded(self.loaded, quantization, quantization_group_size,
+                                                       lm_head=quantize_lm_head)
         tensor_parallel = None
-        if tensor_parallel_size > 1:  # ranks 1..N-1 load the same file in worker processes (minillm/parallel)
+        if tensor_parallel_size > 1 or pipeline_parallel_size > 1:  # ranks 1..N-1: worker processes (minillm/parallel)
             from minillm.parallel.executor import TensorParallelConfig
 
-            tensor_parallel = TensorParallelConfig(tensor_parallel_size, model, resolve_dtype(dtype),
-                                                   timeout_s=tensor_parallel_timeout_s)
+            tensor_parallel = TensorParallelConfig(max(tensor_parallel_size, pipeline_parallel_size), model,
+                                                   resolve_dtype(dtype), timeout_s=tensor_parallel_timeout_s,
+                                                   pipeline=pipeline_parallel_size > 1)
         self.tokenizer = self.loaded.tokenizer
         self.engine = LLMEngine(
             self.loaded.model,

@@ -16,7 +16,7 @@ def test_bench_tp_json(tmp_path, capsys):
     folder, _ = make_tiny_hf_model(tmp_path, "llama", num_attention_heads=8, num_key_value_heads=4)
     out = tmp_path / "tp.json"
     assert main(["tp", "--model", str(folder), "--tp", "2", "--num-prompts", "3", "--prompt-len", "20",
-                 "--output-len", "5", "--json", str(out)]) == 0
+                 "--output-len", "5", "--bare-repeats", "3", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["benchmark"] == "tp" and report["settings"]["backend"] == "gloo"
     assert report["machine"]["versions"]["torch"]
@@ -27,6 +27,8 @@ def test_bench_tp_json(tmp_path, capsys):
     assert all(st["allreduce_bytes"] == st["allreduce_bytes_analytic"] > 0 for st in steps)
     assert all(st["allreduce_bytes"] == 0 for st in report["measured"]["runs"]["tp1"]["steps"])
     assert s["decode"]["allreduce_bytes"] == (2 * 2 + 1) * 3 * 64 * 4  # 3 decode tokens, hidden 64, fp32
+    assert s["decode"]["bare_allreduce_s"] > 0  # the same payload timed among bare processes
+    assert s["decode"]["bare_comm_per_step_s"] == pytest.approx(5 * s["decode"]["bare_allreduce_s"])
     rows = report["analytic"]["rows"]
     assert {r["model"] for r in rows} == {"Llama-2-7B", "Llama-2-70B"}
     assert {r["link"] for r in rows} == {"NVLink 4 (H100 SXM)", "PCIe Gen5 x16"}

@@ -10,6 +10,7 @@ import torch
 from minillm.config import ModelConfig
 from minillm.engine.trace import StepTrace, load_trace
 from minillm.parallel import analytic
+from minillm.parallel.pipeline import check_pp_size, stage_layers
 from minillm.parallel.shard import check_tp_size, gate_up_rows, qkv_rows, rank_shard
 
 TINY = ModelConfig(vocab_size=338, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -88,7 +89,7 @@ def test_old_trace_without_comm_fields_loads(tmp_path):
     for t in engine.trace:
         d = t.to_dict()
         assert d["allreduce_bytes"] == 0 and d["comm_time_s"] == 0  # one rank communicates nothing
-        for k in ("allreduce_bytes", "allgather_bytes", "comm_time_s"):
+        for k in ("allreduce_bytes", "allgather_bytes", "comm_time_s", "p2p_bytes"):
             del d[k]
         old.append(d)
     path = tmp_path / "old.json"
@@ -97,3 +98,22 @@ def test_old_trace_without_comm_fields_loads(tmp_path):
     assert [t.num_tokens for t in back] == [t.num_tokens for t in engine.trace]
     assert all(t.allreduce_bytes == 0.0 for t in back)
     assert StepTrace.from_dict(old[0]).allgather_bytes == 0.0
+
+
+@pytest.mark.parametrize("layers,size", [(30, 2), (30, 4), (2, 2), (7, 3), (5, 5)])
+def test_pipeline_stages_cover_the_layers_once_and_evenly(layers, size):
+    stages = [stage_layers(layers, size, r) for r in range(size)]
+    assert [i for a, b in stages for i in range(a, b)] == list(range(layers))
+    counts = [b - a for a, b in stages]
+    assert max(counts) - min(counts) <= 1 and min(counts) >= 1
+
+
+def test_bad_pipeline_sizes_are_refused():
+    with pytest.raises(ValueError, match="exceeds the model's 2 layers"):
+        check_pp_size(TINY, 3)
+    from minillm import LLM
+
+    with pytest.raises(ValueError, match="does not combine"):
+        LLM(tensor_parallel_size=2, pipeline_parallel_size=2)
+    with pytest.raises(ValueError, match="pipeline_parallel_size must be"):
+        LLM(pipeline_parallel_size=0)

@@ -119,8 +119,10 @@ def test_workers_are_gone_after_close(tp_run):
     assert not dist.is_initialized()  # a next TP engine can start in this process
 
 
-def _break_worker_mid_run(sig: int, timeout_s: float, folder: str) -> tuple[str, float, list]:
-    llm = LLM(folder, tensor_parallel_size=2, tensor_parallel_timeout_s=timeout_s, **ENGINE)
+def break_worker_mid_run(sig: int, timeout_s: float, folder: str, size: str = "tensor_parallel_size"
+                         ) -> tuple[str, float, list]:
+    """Send `sig` to rank 1 after a few steps of a long generation; (the error, seconds to it, workers)."""
+    llm = LLM(folder, **{size: 2}, tensor_parallel_timeout_s=timeout_s, **ENGINE)
     worker = llm.engine.runner.workers[0]
 
     def strike():
@@ -140,7 +142,7 @@ def _break_worker_mid_run(sig: int, timeout_s: float, folder: str) -> tuple[str,
 
 
 def test_killed_worker_raises_a_clear_error(tiny_folder):
-    msg, elapsed, workers = _break_worker_mid_run(signal.SIGKILL, 10.0, tiny_folder)
+    msg, elapsed, workers = break_worker_mid_run(signal.SIGKILL, 10.0, tiny_folder)
     assert "rank 1" in msg and "died" in msg, msg
     assert elapsed < 10.0 + 5  # within the timeout (plus the reaping pause)
     assert all(not p.is_alive() for p in workers)
@@ -148,7 +150,7 @@ def test_killed_worker_raises_a_clear_error(tiny_folder):
 
 @pytest.mark.slow
 def test_hung_worker_raises_within_the_timeout(tiny_folder):
-    msg, elapsed, workers = _break_worker_mid_run(signal.SIGSTOP, 3.0, tiny_folder)
+    msg, elapsed, workers = break_worker_mid_run(signal.SIGSTOP, 3.0, tiny_folder)
     assert "did not answer within 3 s" in msg, msg
     assert 2.5 < elapsed < 3.0 + 5
     assert all(not p.is_alive() for p in workers)  # the stopped worker was killed, not left behind
@@ -168,3 +170,20 @@ def test_an_unclosed_engine_is_reaped_when_dropped(tiny_folder):
         p.join(timeout=10)
     assert not any(p.is_alive() for p in workers)
     assert not dist.is_initialized()
+
+
+def test_an_interrupted_step_takes_the_engine_down_cleanly(tiny_folder):
+    """Ctrl-C in the middle of a step leaves the workers inside a collective: refuse to go on."""
+    calls = []
+
+    def interrupted(runner, batch):
+        calls.append(batch)
+        raise KeyboardInterrupt
+
+    with LLM(tiny_folder, tensor_parallel_size=2, **ENGINE) as llm:
+        workers = list(llm.engine.runner.workers)
+        with mock.patch.object(executor, "forward_batch", interrupted), pytest.raises(KeyboardInterrupt):
+            llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+        assert calls and not any(p.is_alive() for p in workers)
+        with pytest.raises(TensorParallelError, match="half-done"):
+            llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)

@@ -149,3 +149,48 @@ def test_bad_input_gets_clear_errors():
     quantize_model(model, "int8")
     with pytest.raises(ValueError, match="already quantized"):
         quantize_model(model, "int8")
+
+
+def test_default_group_size_is_32_and_is_checked_against_the_model():
+    from minillm.quant.apply import resolve_group_size
+
+    assert resolve_group_size(tiny_model(), None) == 32  # hidden 64, mlp 96
+    with pytest.raises(ValueError, match="does not divide"):
+        resolve_group_size(tiny_model(head_dim=10), None)  # hidden 40
+
+
+def test_int8_lm_head_keeps_the_float_embedding_and_counts_its_own_bytes():
+    from minillm.eval import score_windows
+    from minillm.quant.apply import quantize_lm_head
+    from minillm.quant.footprint import model_bytes, weight_bytes_per_token
+
+    model = tiny_model()
+    ids = torch.randint(0, 97, (1, 16), generator=torch.Generator().manual_seed(6))
+    ref = score_windows(model, ids, chunk_size=8, block_size=4)
+    before = weight_bytes_per_token(model)
+    head = quantize_lm_head(model)
+    assert isinstance(model.lm_head, QuantLinear) and model.embed_tokens.weight.dtype == torch.float32
+    table = 97 * 64
+    # per token: the int8 head (codes + bf16 row scales) is read instead of the float table
+    assert weight_bytes_per_token(model) == before - table * 4 + head.weight_bytes() == before - table * 4 + table + 97 * 2
+    assert model_bytes(model) == before + head.weight_bytes()  # the float table stays for the gather
+    got = score_windows(model, ids, chunk_size=8, block_size=4)  # the runner's K-major re-layout leaves the head alone
+    assert not hasattr(model.lm_head, "weight") and (got.top1 == ref.top1).float().mean() >= 0.9
+    with pytest.raises(ValueError, match="already quantized"):
+        quantize_lm_head(model)
+
+
+def test_llm_refuses_bad_quantization_options_before_loading_the_model():
+    from minillm import LLM
+
+    with pytest.raises(ValueError, match="unsupported quantization 'int3'"):
+        LLM(quantization="int3")
+    with pytest.raises(ValueError, match="group size must be one of"):
+        LLM(quantization="int4", quantization_group_size=48)
+    with pytest.raises(ValueError, match="without quantization"):
+        LLM(quantization_group_size=32)
+    with pytest.raises(ValueError, match="needs a .gguf model"):
+        from minillm.quant.apply import quantize_loaded
+        from types import SimpleNamespace
+
+        quantize_loaded(SimpleNamespace(source="/some/folder", model=None), "gguf")

@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--prompt-len", type=int, default=64)
     tp.add_argument("--output-len", type=int, default=16)
     tp.add_argument("--timeout", type=float, default=120.0, help="seconds rank 0 waits in a collective")
+    tp.add_argument("--bare-repeats", type=int, default=30,
+                    help="also time bare gloo all-reduces of the same payloads this many times (0: skip)")
     tp.add_argument("--threads", type=int, default=None)
     tp.add_argument("--seed", type=int, default=0)
     tp.add_argument("--json", dest="json_out", default=None)
@@ -154,9 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     qnt = sub.add_parser("quant", help="weight/KV quantization: batch-1 decode tok/s per setting, bytes per "
                                        "token and the bandwidth roof of each")
     qnt.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
-    qnt.add_argument("--settings", default="float,int8,int4,gguf,kv-int8,int4+kv-int8",
-                     help="comma list: float, int8, int4, int4-awq, gguf, kv-int8, kv-fp8, joined with '+'")
-    qnt.add_argument("--group-size", type=int, default=None, help="int4 group size (default: largest dividing every layer)")
+    qnt.add_argument("--settings", default="float,int8,int4,gguf,gguf+head8,kv-int8,int4+head8+kv-int8",
+                     help="comma list: float, int8, int4, int4-awq, gguf, head8 (int8 LM head), kv-int8, kv-fp8, "
+                          "joined with '+'")
+    qnt.add_argument("--group-size", type=int, default=None, help="int4 group size: 32, 64, 128 or 256 (default 32)")
     qnt.add_argument("--prompt-len", type=int, default=32)
     qnt.add_argument("--output-len", type=int, default=64)
     qnt.add_argument("--repeats", type=int, default=3)
@@ -374,7 +377,8 @@ def _tp(args: argparse.Namespace) -> dict[str, Any]:
 
     device = _device(args)
     wl = TPWorkload(args.num_prompts, args.prompt_len, args.output_len, seed=args.seed)
-    result = measure_tp(args.model, args.tp, wl, args.dtype, device, args.timeout, log=_log)
+    result = measure_tp(args.model, args.tp, wl, args.dtype, device, args.timeout, log=_log,
+                        bare_repeats=args.bare_repeats)
     model_section = analytic_section()
     settings = {"model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)", "dtype": args.dtype,
                 "device": device, "tp": args.tp, "backend": "nccl" if device.startswith("cuda") else "gloo",

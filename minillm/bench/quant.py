@@ -31,7 +31,7 @@ import torch
 
 from minillm.bench.workload import LatencyWorkload
 
-DEFAULT_SETTINGS = ("float", "int8", "int4", "gguf", "kv-int8", "int4+kv-int8")
+DEFAULT_SETTINGS = ("float", "int8", "int4", "gguf", "gguf+head8", "kv-int8", "int4+head8+kv-int8")
 LLAMA_CPP_QUOTED_TOK_S = {"no_repack": (110.0, 145.0), "repack": (275.0, 275.0)}
 LLAMA_CPP_NOTE = ("quoted in issue 6 (llama-bench, same GGUF, this machine), not measured in this run: "
                   "without AMX weight repacking 110-145 tok/s, with it about 275")
@@ -71,10 +71,10 @@ def build_subject(loaded, setting: str, group_size: int | None = None, max_num_s
 
     s = parse_setting(setting)
     model = loaded.model
-    if s.quantization is not None:
+    if s.quantization is not None or s.lm_head:
         model = copy.deepcopy(loaded.model)
         gs = group_size if s.quantization in ("int4", "int4-awq") else None
-        quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs)
+        quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head)
     engine = LLMEngine(model, loaded.tokenizer, loaded.eos_token_ids,
                        CacheConfig(num_blocks=64, enable_prefix_caching=False, kv_cache_dtype=s.kv_cache_dtype),
                        SchedulerConfig(max_num_seqs=max_num_seqs))

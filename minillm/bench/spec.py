@@ -100,6 +100,7 @@ class RunStats:
     accepted: int = 0
     verifies: int = 0  # (sequence, step) pairs that verified at least one proposal
     emitted_in_verifies: int = 0
+    step_s: list[float] = field(default_factory=list)  # decode / verify steps' wall times
     outputs: list[list[int]] = field(default_factory=list)
 
     def add(self, steps: list[StepTrace]) -> None:
@@ -107,6 +108,7 @@ class RunStats:
             if s.num_prefill_tokens == 0 and s.new_tokens:
                 self.decode_tokens += sum(len(n.token_ids) for n in s.new_tokens)
                 self.decode_s += s.duration_s
+                self.step_s.append(s.duration_s)
             for r in s.spec:
                 self.proposed += r.num_proposed
                 self.accepted += r.num_accepted
@@ -176,6 +178,7 @@ def measure_batch1(engines: dict[str, LLMEngine], workload: SpecWorkload, prompt
                 "acceptance_rate": ratio(s.accepted, s.proposed),
                 "mean_accepted": ratio(s.accepted, s.verifies),
                 "tokens_per_verify": ratio(s.emitted_in_verifies, s.verifies),
+                "step_ms": figure("ms", [t * 1e3 for t in s.step_s]).median if s.step_s else None,
                 "proposed": s.proposed, "accepted": s.accepted,
                 "same_tokens_as_first_config": s.outputs == ref}
             for c, s in stats.items()}
@@ -205,9 +208,11 @@ def summarize_spec(batch1: dict[str, dict], scaling: dict[str, dict[str, dict[in
     rows, best = [], None
     for wl, res in batch1.items():
         base = res[("none", 0)]["decode_tok_per_s"].median
+        base_step = res[("none", 0)]["step_ms"]
         for (name, k), r in res.items():
             sp = ratio(r["decode_tok_per_s"].median, base)
-            rows.append({"workload": wl, **r, "speedup": sp})
+            # a step's cost in plain decode steps: speed-up = tokens per step / this
+            rows.append({"workload": wl, **r, "speedup": sp, "step_cost_vs_decode": ratio(r["step_ms"], base_step)})
             if name != "none" and sp is not None and (best is None or sp > best["speedup"]):
                 best = {"workload": wl, "proposer": name, "k": k, "speedup": sp,
                         "acceptance_rate": r["acceptance_rate"]}
@@ -221,13 +226,15 @@ def summarize_spec(batch1: dict[str, dict], scaling: dict[str, dict[str, dict[in
 def format_spec(summary: dict[str, Any]) -> str:
     from minillm.bench.report import format_targets
 
-    lines = ["speculative decoding, batch-1 greedy decode (median tok/s, speed-up, acceptance, tokens per verify)"]
+    lines = ["speculative decoding, batch-1 greedy decode (median tok/s, speed-up, acceptance, tokens per verify, "
+             "median step time / plain decode step)"]
     for r in summary["batch1"]:
         acc = r["acceptance_rate"]
         tpv = r["tokens_per_verify"]
         lines.append(f"  {r['workload']:6s} {r['proposer']:8s} k={r['k']}  {r['decode_tok_per_s'].median:6.1f} tok/s  "
                      f"x{(r['speedup'] or float('nan')):.2f}  acc {'-' if acc is None else f'{acc:.2f}'}  "
-                     f"tok/verify {'-' if tpv is None else f'{tpv:.2f}'}"
+                     f"tok/verify {'-' if tpv is None else f'{tpv:.2f}'}  "
+                     f"step cost x{(r['step_cost_vs_decode'] or float('nan')):.2f}"
                      + ("" if r["same_tokens_as_first_config"] else "  (OUTPUT DIFFERS)"))
     for wl, per in summary["batch_scaling_speedup"].items():
         for name, by_b in per.items():

@@ -95,8 +95,12 @@ def _phase_summary(steps: list[dict[str, Any]], phase: str, calls: int) -> dict[
 
 
 def measure_tp(model: str | None, size: int, wl: TPWorkload, dtype: str = "float32", device: str | None = None,
-               timeout_s: float = 120.0, log: Log = lambda s: None) -> dict[str, Any]:
-    """Run the workload on 1 and on `size` ranks; per-step communication and the comparison."""
+               timeout_s: float = 120.0, log: Log = lambda s: None, bare_repeats: int = 30) -> dict[str, Any]:
+    """Run the workload on 1 and on `size` ranks; per-step communication and the comparison.
+
+    Then (bare_repeats > 0, CPU only) the same all-reduce payloads among bare processes: the
+    collective's own cost, against which the engine's time in collectives (waits included) reads.
+    """
     if size < 2:
         raise ValueError(f"--tp must be >= 2 (it is compared with one rank), got {size}")
     one = _run(model, 1, wl, dtype, device, timeout_s, log)
@@ -112,7 +116,61 @@ def measure_tp(model: str | None, size: int, wl: TPWorkload, dtype: str = "float
         "decode": _phase_summary(tp["steps"], "decode", 2 * layers + 1),
         "output_tok_per_s": {"tp1": one["output_tok_per_s"], f"tp{size}": tp["output_tok_per_s"]},
     }
+    phases = [ph for ph in ("prefill", "decode") if summary[ph] is not None]
+    if bare_repeats > 0 and phases and not str(device or "cpu").startswith("cuda"):
+        calls = 2 * layers + 1
+        payload = {ph: int(summary[ph]["allreduce_bytes"] // calls) for ph in phases}  # one all-reduce's bytes
+        bare = time_allreduce(size, sorted(set(payload.values())), bare_repeats)
+        log(f"bare gloo all-reduce among {size} processes: "
+            + ", ".join(f"{b / 1e3:.1f} kB {t * 1e6:.0f} us" for b, t in sorted(bare.items())))
+        for ph in phases:
+            summary[ph]["bare_allreduce_s"] = bare[payload[ph]]
+            summary[ph]["bare_comm_per_step_s"] = bare[payload[ph]] * calls
     return {"runs": {"tp1": one, f"tp{size}": tp}, "summary": summary}
+
+
+def _time_allreduce(rank: int, size: int, port: int, payloads: list[int], repeats: int, out) -> None:
+    """One rank of the collective timing (a spawned process): median seconds per all-reduce per payload."""
+    import torch
+    import torch.distributed as dist
+
+    from minillm.parallel.group import init_group
+
+    torch.set_num_threads(1)
+    init_group(rank, size, port, torch.device("cpu"), 60.0)
+    try:
+        res = {}
+        for nbytes in payloads:
+            x = torch.ones(max(1, nbytes // 4))
+            for _ in range(3):  # warm-up: connections, buffers
+                dist.all_reduce(x)
+            times = []
+            for _ in range(repeats):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(x)
+                times.append(time.perf_counter() - t0)
+            res[nbytes] = statistics.median(times)
+        if rank == 0:
+            out.put(res)
+    finally:
+        dist.destroy_process_group()
+
+
+def time_allreduce(size: int, payloads: list[int], repeats: int = 50) -> dict[int, float]:
+    """Bare gloo all-reduces among `size` fresh processes (no model): median seconds per payload in bytes.
+
+    The engine's comm_time_s also holds the wait for the slowest rank; this is the collective alone.
+    """
+    import torch.multiprocessing as mp
+
+    from minillm.parallel.group import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    mp.start_processes(_time_allreduce, args=(size, free_port(), payloads, repeats, out), nprocs=size,
+                       start_method="spawn")
+    return out.get()
 
 
 def analytic_section(sizes: tuple[int, ...] = (1, 2, 4, 8)) -> dict[str, Any]:
@@ -141,6 +199,11 @@ def format_tp(result: dict[str, Any], model_section: dict[str, Any]) -> str:
         lines.append(f"{ph:7s} step (median of {p['steps']}): {p['tokens_per_step']:.0f} tokens, "
                      f"all-reduce {p['allreduce_bytes'] / 1e3:.1f} kB, gather {p['allgather_bytes'] / 1e3:.1f} kB, "
                      f"in collectives {p['comm_time_s'] * 1e3:.1f} of {p['step_time_s'] * 1e3:.1f} ms")
+        if "bare_allreduce_s" in p:
+            one = p["allreduce_bytes"] / p["allreduce_calls_per_step"]
+            lines.append(f"{'':9s}a bare gloo all-reduce of {one / 1e3:.1f} kB (no model): "
+                         f"{p['bare_allreduce_s'] * 1e6:.0f} us, x {p['allreduce_calls_per_step']} = "
+                         f"{p['bare_comm_per_step_s'] * 1e3:.1f} ms per step")
     lines.append("output tok/s: " + ", ".join(f"{k} {v:.1f}" for k, v in s["output_tok_per_s"].items()))
     lines.append("analytic TP speed-up on H100 SXM (step time, speed-up vs 1 GPU, share of it in collectives):")
     fits1 = {(r["model"], r["workload"]): r["fits"] for r in model_section["rows"] if r["tp"] == 1}

@@ -343,7 +343,7 @@ class LLMEngine:
             return {}
         c = take()
         return {"allreduce_bytes": float(c.allreduce_bytes), "allgather_bytes": float(c.allgather_bytes),
-                "comm_time_s": c.time_s}
+                "comm_time_s": c.time_s, "p2p_bytes": float(c.p2p_bytes)}
 
     def close(self) -> None:
         """Stop tensor-parallel workers, if any (a one-rank engine holds nothing to release)."""

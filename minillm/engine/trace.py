@@ -121,6 +121,7 @@ class StepTrace:
     allreduce_bytes: float = 0.0
     allgather_bytes: float = 0.0
     comm_time_s: float = 0.0
+    p2p_bytes: float = 0.0  # pipeline parallelism: hidden states / logits rank 0 sent and received
 
     @property
     def num_tokens(self) -> int:

@@ -20,11 +20,12 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("ppl", help="perplexity + top-1 agreement with the float model, per quantization setting")
     q.add_argument("--model", default=None, help="model path (default: SmolLM2-135M-Instruct GGUF)")
     q.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
-                   help="comma separated: float, int8, int4, int4-awq, gguf, kv-int8, kv-fp8, joined with '+'")
+                   help="comma separated: float, int8, int4, int4-awq, gguf, head8 (int8 LM head), kv-int8, kv-fp8, "
+                        "joined with '+'")
     q.add_argument("--context-len", type=int, default=d.context_len)
     q.add_argument("--windows", type=int, default=d.max_windows, help="number of context-length windows scored")
     q.add_argument("--chunk-size", type=int, default=d.chunk_size, help="prefill chunk per window per step")
-    q.add_argument("--group-size", type=int, default=None, help="int4 group size (default: largest dividing every layer)")
+    q.add_argument("--group-size", type=int, default=None, help="int4 group size: 32, 64, 128 or 256 (default 32)")
     q.add_argument("--threads", type=int, default=None)
     q.add_argument("--json", default=None, metavar="PATH", help="write the report here")
     return p

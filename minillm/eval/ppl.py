@@ -1,8 +1,8 @@
 """Perplexity and top-1 agreement of quantization settings against the float model.
 
 A setting names a weight method and/or a KV cache dtype, joined by "+":
-"float", "int8", "int4", "int4-awq", "gguf", "kv-int8", "kv-fp8",
-"int4+kv-int8". Every setting scores the same fixed slice of
+"float", "int8", "int4", "int4-awq", "gguf", "kv-int8", "kv-fp8", and
+"head8" (an int8 LM head), e.g. "int4+head8+kv-int8". Every setting scores the same fixed slice of
 pydoc_data.topics (the "eval" split; AWQ calibrates on the disjoint "calib"
 split) through the paged path (minillm.eval.paged), on its own copy of the
 float model loaded once.
@@ -21,6 +21,7 @@ from minillm.eval.text import corpus_tokens
 
 DEFAULT_SETTINGS = ("float", "int8", "int4", "int4-awq", "kv-int8", "kv-fp8", "int4+kv-int8")
 KV_PREFIX = "kv-"
+HEAD = "head8"
 
 
 @dataclass(frozen=True)
@@ -28,15 +29,19 @@ class Setting:
     name: str
     quantization: str | None = None  # LLM(quantization=...)
     kv_cache_dtype: str = "auto"  # LLM(kv_cache_dtype=...)
+    lm_head: bool = False  # LLM(quantize_lm_head=True)
 
 
 def parse_setting(name: str) -> Setting:
     """'int4+kv-int8' -> Setting(quantization='int4', kv_cache_dtype='int8'); ValueError names what is wrong."""
     from minillm.quant.apply import LLM_METHODS
 
-    quant, kv = None, "auto"
+    quant, kv, head = None, "auto", False
     for part in name.split("+"):
         if part == "float":
+            continue
+        if part == HEAD:
+            head = True
             continue
         if part.startswith(KV_PREFIX):
             kv = part[len(KV_PREFIX):]
@@ -46,8 +51,8 @@ def parse_setting(name: str) -> Setting:
             quant = part
         else:
             raise ValueError(f"unknown part {part!r} in setting {name!r}; use float, {', '.join(LLM_METHODS)} "
-                             f"or kv-<dtype>, joined by '+'")
-    return Setting(name, quant, kv)
+                             f"{HEAD} or kv-<dtype>, joined by '+'")
+    return Setting(name, quant, kv, head)
 
 
 @dataclass
@@ -94,7 +99,7 @@ def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], di
         t0 = time.perf_counter()
         row = EvalRow(s.name)
         try:
-            if s.quantization is None and s.kv_cache_dtype == "auto":
+            if s.quantization is None and s.kv_cache_dtype == "auto" and not s.lm_head:
                 scores, model = base
             else:
                 scores, model = run_setting(s, loaded, wins, cfg, quantize_loaded)
@@ -115,10 +120,10 @@ def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], di
 def run_setting(s: Setting, loaded, wins: torch.Tensor, cfg: EvalConfig, quantize_loaded=None):
     """(scores, model) for one setting on a private copy of the float model."""
     model = loaded.model
-    if s.quantization is not None:
+    if s.quantization is not None or s.lm_head:
         model = copy.deepcopy(loaded.model)
         gs = cfg.group_size if s.quantization in ("int4", "int4-awq") else None
-        quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs)
+        quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head)
     return score_windows(model, wins, chunk_size=cfg.chunk_size, kv_cache_dtype=s.kv_cache_dtype), model
 
 

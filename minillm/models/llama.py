@@ -112,7 +112,7 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)) and module.weight.is_contiguous():
                 module.weight = nn.Parameter(module.weight.t().contiguous().t(), requires_grad=False)
-        if self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):  # (not a quantized head)
             self.lm_head.weight = self.embed_tokens.weight
 
     def attention_layers(self) -> list[Attention]:

@@ -10,4 +10,5 @@
 - worker.py    ranks 1..N-1: load, shard, own a paged KV pool, follow rank 0
 - executor.py  rank 0's side: same interface as ModelRunner.run
 - analytic.py  a speed-up model of TP over NVLink vs PCIe
+- pipeline.py  pipeline parallelism instead: the layers split into stages (LLM(pipeline_parallel_size=2))
 """

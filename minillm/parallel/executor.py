@@ -32,6 +32,7 @@ from minillm.engine.scheduler import ScheduledChunk
 from minillm.parallel import comm
 from minillm.parallel.batch import StepBatch, forward_batch
 from minillm.parallel.group import destroy_group, free_port, init_group
+from minillm.parallel.pipeline import check_pp_size, forward_pipeline, shard_pipeline
 from minillm.parallel.shard import check_tp_size, shard_model
 from minillm.parallel.worker import WorkerArgs, worker_main
 
@@ -48,6 +49,7 @@ class TensorParallelConfig:
     timeout_s: float = 60.0  # rank 0's longest wait in a collective before calling a worker hung
     startup_timeout_s: float = 600.0  # loading the model in every worker
     worker_threads: int | None = None  # default: the CPU cores shared evenly among ranks
+    pipeline: bool = False  # split the layers into stages (pipeline.py) instead of splitting every layer
 
 
 class TPExecutor:
@@ -56,7 +58,7 @@ class TPExecutor:
     ) -> None:
         if config.size < 2:
             raise ValueError("TPExecutor is for tensor_parallel_size >= 2 (one rank uses ModelRunner)")
-        check_tp_size(model.config, config.size)  # refuse before spawning anything
+        (check_pp_size if config.pipeline else check_tp_size)(model.config, config.size)  # before spawning
         if dist.is_initialized():
             raise RuntimeError(
                 "a torch.distributed process group already exists in this process: one tensor-parallel "
@@ -79,7 +81,7 @@ class TPExecutor:
         for rank in range(1, config.size):
             dev = f"cuda:{rank}" if device.type == "cuda" else "cpu"
             args = WorkerArgs(rank, config.size, port, config.model, config.dtype, dev, attention_backend,
-                              cache_config, threads)
+                              cache_config, threads, config.pipeline)
             p = ctx.Process(target=worker_main, args=(args, self._status), daemon=True, name=f"minillm-tp{rank}")
             p.start()
             self.workers.append(p)
@@ -87,7 +89,7 @@ class TPExecutor:
         # finalizer runs if it is garbage-collected unclosed, or at interpreter exit
         self._finalizer = weakref.finalize(self, _reap, self.workers)
         try:
-            shard_model(model, 0, config.size)
+            (shard_pipeline if config.pipeline else shard_model)(model, 0, config.size)
             self._wait_loaded(config.startup_timeout_s)
             init_group(0, config.size, port, device, config.timeout_s)
             spec = plan_kv_cache(model, cache_config, device)
@@ -131,9 +133,15 @@ class TPExecutor:
         batch = StepBatch.from_chunks(chunks)
         try:
             dist.broadcast_object_list([batch], src=0)
-            logits = forward_batch(self.runner, batch)
+            logits = (forward_pipeline if self.config.pipeline else forward_batch)(self.runner, batch)
         except RuntimeError as e:  # gloo: a peer closed its socket, or the wait timed out
             raise self._fail(f"a collective failed: {e}") from e
+        except BaseException as e:
+            # Ctrl-C (or any other exit) between two collectives: the workers now wait in a
+            # collective rank 0 will never issue, so the ranks are out of step for good
+            self._error = f"rank 0 left a step half-done ({type(e).__name__}); the workers were stopped"
+            self._kill_workers()
+            raise
         if logits is None:
             return None
         seqs = [c.seq for c in chunks if c.completes]

@@ -33,6 +33,7 @@ class WorkerArgs:
     attention_backend: str
     cache_config: CacheConfig
     num_threads: int
+    pipeline: bool = False  # a pipeline stage (pipeline.py) rather than a tensor-parallel shard
 
 
 def worker_main(args: WorkerArgs, status) -> None:
@@ -42,13 +43,16 @@ def worker_main(args: WorkerArgs, status) -> None:
         from minillm.loader import load_model
         from minillm.parallel.batch import forward_batch
         from minillm.parallel.group import init_group
+        from minillm.parallel.pipeline import forward_pipeline, shard_pipeline
         from minillm.parallel.shard import shard_model
 
         torch.set_num_threads(args.num_threads)
         device = torch.device(args.device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        model = shard_model(load_model(args.model, dtype=args.dtype, device=device).model, args.rank, args.world_size)
+        shard = shard_pipeline if args.pipeline else shard_model
+        forward = forward_pipeline if args.pipeline else forward_batch
+        model = shard(load_model(args.model, dtype=args.dtype, device=device).model, args.rank, args.world_size)
         status.put((args.rank, "loaded", os.getpid()))
         init_group(args.rank, args.world_size, args.port, device, WORKER_TIMEOUT_S)
         box = [None]
@@ -60,7 +64,7 @@ def worker_main(args: WorkerArgs, status) -> None:
             dist.broadcast_object_list(box, src=0)
             if box[0] is None:  # shutdown
                 break
-            forward_batch(runner, box[0])
+            forward(runner, box[0])
     except BaseException:
         status.put((args.rank, "error", traceback.format_exc()))
         raise

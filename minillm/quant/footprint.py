@@ -4,7 +4,8 @@ Counted from the tensors the model actually holds, so a quantized model's
 figure is what its QuantLinear buffers occupy (codes + scales + zeros), not a
 formula. Per decoded token every matmul weight is read once; the embedding
 is a gather of one row, so an untied embedding table does not count, a tied
-one does (it is the LM head).
+one does (it is the LM head) -- unless the LM head is quantized on its own
+(minillm.quant.apply.quantize_lm_head): then its int8 copy is what is read.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def _unique_bytes(tensors: list[torch.Tensor]) -> int:
 def weight_bytes_per_token(model: nn.Module) -> int:
     """Bytes of weights one batch-1 decode step streams (parameters + QuantLinear buffers; not RoPE tables)."""
     embed = model.embed_tokens.weight
-    tied = model.lm_head.weight.data_ptr() == embed.data_ptr()
+    head = getattr(model.lm_head, "weight", None)  # a quantized head (QuantLinear) has none
+    tied = head is not None and head.data_ptr() == embed.data_ptr()
     tensors = [p for n, p in model.named_parameters(remove_duplicate=False) if tied or p.data_ptr() != embed.data_ptr()]
     for m in model.modules():
         if isinstance(m, QuantLinear):
