@@ -5,7 +5,6 @@ import dataclasses
 import json
 
 import pytest
-import torch
 
 from minillm.config import ModelConfig
 from minillm.engine.trace import StepTrace, load_trace

@@ -8,6 +8,9 @@ sampler as with one rank, so continuous batching, prefix caching and chunked
 prefill do not change -- every rank's KV pool has the same block count and the
 broadcast block tables index all of them alike.
 
+With `pipeline=True` the same executor drives pipeline stages (pipeline.py):
+each worker keeps some layers instead of a slice of every layer.
+
 Failure handling: before each step rank 0 checks the workers are alive; inside
 a step, gloo raises when a peer's socket closes (a dead worker) or when rank 0
 waits longer than `timeout_s` (a hung one). Either way the front end gets a
