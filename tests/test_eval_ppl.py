@@ -64,3 +64,12 @@ def test_eval_on_the_default_model(default_model, tmp_path):
     t = {c["name"]: c for c in targets(rows)}
     assert t["int4 AWQ raises perplexity less than int4 RTN"]["passed"] is None  # not run
     json.dumps([r.__dict__ for r in rows])  # the rows are JSON-ready
+
+
+def test_cli_refuses_bad_settings_before_loading_anything():
+    from minillm.cli import main
+
+    with pytest.raises(SystemExit, match="unknown part 'int5'"):
+        main(["eval", "ppl", "--settings", "float,int5"])
+    with pytest.raises(SystemExit, match="unknown part 'kv'"):
+        main(["bench", "quant", "--settings", "int4+kv", "--no-roofs"])

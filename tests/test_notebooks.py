@@ -26,7 +26,8 @@ nbformat = pytest.importorskip("nbformat")
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 MINE = ["00_quickstart", "01_prefill_vs_decode_roofline", "02_kv_cache_memory", "03_paged_attention_block_tables",
-        "05_continuous_vs_static_batching", "06_prefix_caching", "07_scheduling_knobs", "08_quantization", "10_tensor_parallelism",
+        "05_continuous_vs_static_batching", "06_prefix_caching", "07_scheduling_knobs", "08_quantization", "09_speculative_decoding",
+        "10_tensor_parallelism",
         "11_serving_metrics"]
 
 

@@ -1,11 +1,14 @@
 """Speculative decoding parts on their own, and the engine with a tiny random model (fast)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from minillm.config import CacheConfig, SchedulerConfig
 from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.trace import StepTrace
 from minillm.sampling_params import SamplingParams
 from minillm.spec import parse_speculative
 from minillm.spec.ngram import NgramProposer
@@ -103,6 +106,8 @@ def test_tiny_greedy_with_stop_tokens_and_preemption(num_blocks):
         assert sum(r.num_accepted for s in e.trace for r in s.spec) > 0
         if num_blocks < 256:
             assert any(s.preemptions for s in e.trace)
+        # the spec records survive the trace's JSON form (views and reports read saved traces)
+        assert [StepTrace.from_dict(json.loads(json.dumps(s.to_dict()))) for s in e.trace] == e.trace
 
 
 def test_scheduler_budget_counts_the_lookahead():
@@ -115,4 +120,9 @@ def test_scheduler_budget_counts_the_lookahead():
     for step in e.trace:
         assert sum(s.num_new_tokens for s in step.scheduled) <= step.token_budget  # drafts included
     assert any(s.num_spec_tokens for s in e.trace)
-    assert max(len(s.scheduled) for s in e.trace) > 2  # decodes without lookahead still share the step
+    assert max(len(s.scheduled) for s in e.trace) > 2
+    from minillm.metrics import summarize
+
+    acc = summarize(e.trace).spec_acceptance  # metrics read the same records
+    accepted = sum(r.num_accepted for s in e.trace for r in s.spec)
+    assert acc == accepted / sum(r.num_proposed for s in e.trace for r in s.spec) and 0 < acc <= 1  # decodes without lookahead still share the step

@@ -27,8 +27,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
-
 from minillm.bench.workload import LatencyWorkload
 
 DEFAULT_SETTINGS = ("float", "int8", "int4", "gguf", "gguf+head8", "kv-int8", "int4+head8+kv-int8")
@@ -112,21 +110,21 @@ def measure_quant(
             subjects[i].engine.runner.attach()
             run = subjects[i].decode(prompt, workload.output_len)
             rows[i].tok_s.append(run.decode_tok_s)
-            log(f"decode {rows[i].setting:14s} repeat {r}: {run.decode_tok_s:7.2f} tok/s")
+            log(f"decode {rows[i].setting:20s} repeat {r}: {run.decode_tok_s:7.2f} tok/s")
     return rows
 
 
 def format_quant(rows: list[QuantSubjectRow], bandwidth: float | None) -> str:
     bw = f"{bandwidth / 1e9:.1f} GB/s" if bandwidth else "not measured"
     lines = [f"batch-1 decode per setting (copy bandwidth {bw})",
-             f"{'setting':14s} {'W MB/tok':>9s} {'KV B/tok':>9s} {'roof tok/s':>10s} {'tok/s':>8s} {'of roof':>8s} "
+             f"{'setting':20s} {'W MB/tok':>9s} {'KV B/tok':>9s} {'roof tok/s':>10s} {'tok/s':>8s} {'of roof':>8s} "
              f"{'vs 110-145':>11s} {'vs 275':>7s}"]
     for r in rows:
         d = r.to_dict()
         roof = f"{r.roof_tok_s:10.1f}" if r.roof_tok_s else f"{'n/a':>10s}"
         frac = f"{d['roof_fraction']:8.1%}" if d["roof_fraction"] else f"{'n/a':>8s}"
         q = d["ratio_to_llama_cpp_quoted"]
-        lines.append(f"{r.setting:14s} {r.weight_bytes_per_token / 1e6:9.1f} {r.kv_bytes_per_token:9d} {roof} "
+        lines.append(f"{r.setting:20s} {r.weight_bytes_per_token / 1e6:9.1f} {r.kv_bytes_per_token:9d} {roof} "
                      f"{r.median_tok_s:8.1f} {frac} {q['no_repack_145']:5.2f}-{q['no_repack_110']:4.2f} "
                      f"{q['repack_275']:7.2f}")
     lines.append("llama.cpp: " + LLAMA_CPP_NOTE)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -74,7 +74,6 @@ class EvalConfig:
     chunk_size: int = 64
     group_size: int | None = None
     settings: tuple[str, ...] = DEFAULT_SETTINGS
-    extra: dict = field(default_factory=dict)
 
 
 def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], dict]:
@@ -127,13 +126,13 @@ def run_setting(s: Setting, loaded, wins: torch.Tensor, cfg: EvalConfig, quantiz
     return score_windows(model, wins, chunk_size=cfg.chunk_size, kv_cache_dtype=s.kv_cache_dtype), model
 
 
-HEADER = f"{'setting':16s} {'ppl':>8s} {'d ppl %':>8s} {'top-1 agr':>9s} {'W B/tok':>9s} {'KV B/tok':>8s} {'s':>6s}"
+HEADER = f"{'setting':20s} {'ppl':>8s} {'d ppl %':>8s} {'top-1 agr':>9s} {'W B/tok':>9s} {'KV B/tok':>8s} {'s':>6s}"
 
 
 def format_row(r: EvalRow) -> str:
     if r.error:
-        return f"{r.setting:16s} ERROR {r.error[:100]}"
-    return (f"{r.setting:16s} {r.perplexity:8.3f} {r.ppl_change_pct:+8.2f} {r.top1_agreement:9.4f} "
+        return f"{r.setting:20s} ERROR {r.error[:100]}"
+    return (f"{r.setting:20s} {r.perplexity:8.3f} {r.ppl_change_pct:+8.2f} {r.top1_agreement:9.4f} "
             f"{r.weight_bytes_per_token / 1e6:8.1f}M {r.kv_bytes_per_token:8d} {r.seconds:6.1f}")
 
 

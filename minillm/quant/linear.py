@@ -12,9 +12,12 @@ Two storage layouts per format:
 - "cpu": torch's own CPU kernels (aten._weight_int8pack_mm,
   aten._weight_int4pack_mm_for_cpu). They take bf16 activations and bf16
   scales, so scales are stored bf16 and the activation is cast around the
-  call. Measured (minillm bench quant): these are ~10x faster than
-  dequantize-then-matmul at batch 1, and on par with the float32 matmul
-  at batch 64 while reading 4-8x fewer weight bytes.
+  call. Measured on this 2-core Xeon, 1 thread, a 1536 x 576 layer: batch 1
+  int4 g32 0.3 ms, int8 0.5 ms vs 22-34 ms for dequantize-then-matmul and
+  0.4 ms for the float32 K-major BLAS (which streams its 4x more bytes
+  faster: the int kernels do not reach the bandwidth roof at batch 1);
+  batch 64 on par with float32 (8-9 ms). Shapes the int4 packer refuses
+  (N % 16 != 0, odd K) keep the plain layout (cpu_layout_ok).
 """
 from __future__ import annotations
 
