@@ -46,3 +46,27 @@ def test_default_model_keeps_every_decoder_linear_as_the_files_int4(default_mode
             assert isinstance(q, QuantLinear) and q.bits == 4 and q.group_size == 32
             want = ref.layers[i].get_submodule(name).weight  # dequantized by the gguf package at load
             torch.testing.assert_close(q.dequantize(), want, atol=1e-6, rtol=0)  # incl. the un-permuted RoPE rows
+
+
+@pytest.mark.slow  # importing transformers and writing two files: ~7 s on the first call
+@pytest.mark.parametrize("family,quant", [("llama", "Q4_0"), ("qwen2", "Q4_1")])
+def test_tiny_gguf_files_keep_their_codes(tmp_path, family, quant):
+    """Both block types, with (llama) and without (qwen2) llama.cpp's RoPE row permutation; qwen2 has qkv biases."""
+    from transformers import AutoTokenizer
+
+    from minillm.loader import load_model
+    from tests.helpers.tiny_gguf import write_tiny_gguf
+    from tests.helpers.tiny_models import make_tiny_hf_model
+
+    overrides = {"rope_scaling": None} if family == "llama" else {}
+    folder, hf_model = make_tiny_hf_model(tmp_path, family, **overrides)
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hf_model, AutoTokenizer.from_pretrained(folder), quant)
+    ref, loaded = load_model(path), load_model(path)
+    report = keep_gguf_quantized(loaded.model, path, use_cpu_kernels=False)
+    assert set(report.values()) == {f"{quant} -> int4 g32"}
+    for i, layer in enumerate(loaded.model.layers):
+        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            q, want = layer.get_submodule(name), ref.model.layers[i].get_submodule(name)
+            torch.testing.assert_close(q.dequantize(), want.weight, atol=1e-6, rtol=0)
+            if want.bias is not None:
+                assert torch.equal(q.bias, want.bias)
