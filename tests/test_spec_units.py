@@ -126,3 +126,17 @@ def test_scheduler_budget_counts_the_lookahead():
     acc = summarize(e.trace).spec_acceptance  # metrics read the same records
     accepted = sum(r.num_accepted for s in e.trace for r in s.spec)
     assert acc == accepted / sum(r.num_proposed for s in e.trace for r in s.spec) and 0 < acc <= 1  # decodes without lookahead still share the step
+
+
+@pytest.mark.parametrize("spec", SPECS[1:], ids=["ngram", "draft"])
+def test_triton_backend_verifies_like_torch(spec):
+    # the verify forward is a multi-token chunk over cached context: the Triton prefill kernel's case
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    ref, _ = generate(None, params)
+    e = LLMEngine(tiny_model(seed=1, vocab=31), None, [], CacheConfig(block_size=16, num_blocks=64),
+                  SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), attention_backend="triton",
+                  speculative=spec)
+    for i, p in enumerate(random_prompts(8, 31, 3, 12, seed=4)):
+        e.add_request(str(i), p * 2, params)
+    assert run_to_completion(e) == ref
+    assert sum(r.num_accepted for s in e.trace for r in s.spec) > 0
