@@ -53,6 +53,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="transformers' KV cache implementation")
     p.add_argument("--threads", type=int, default=None, help="torch threads for every subject (default: torch's)")
     p.add_argument("--compile", action="store_true", help="minillm with torch.compile'd decode steps")
+    p.add_argument("--quantization", choices=["int8", "int4", "int4-awq", "gguf"], default=None,
+                   help="minillm's weight-only quantization (peers keep their own weights)")
+    p.add_argument("--quantize-lm-head", action="store_true", help="minillm's LM head in int8 too")
     p.add_argument("--json", dest="json_out", default=None, help="write the full report here")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--remeasure-roofs", action="store_true", help="measure the machine roofs again")
@@ -200,7 +203,8 @@ def _subjects(args: argparse.Namespace, device: str, kv_bytes: int | None = None
     from minillm.bench.minillm_subject import load_minillm
 
     _log(f"loading minillm ({args.dtype}, {device})")
-    subjects = [load_minillm(args.model, args.dtype, device, kv_bytes, compile=args.compile, **engine_kw)]
+    subjects = [load_minillm(args.model, args.dtype, device, kv_bytes, compile=args.compile,
+                             quantization=args.quantization, quantize_lm_head=args.quantize_lm_head, **engine_kw)]
     if "transformers" in args.compare:
         from minillm.bench.hf_subject import load_transformers
 
@@ -249,6 +253,7 @@ def _settings(args: argparse.Namespace, device: str) -> dict[str, Any]:
     return {"model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)", "device": device,
             "threads": torch.get_num_threads(), "compare": list(args.compare), "hf_cache": args.hf_cache,
             "prefix_caching": False, "compile": args.compile, "seed": args.seed, "wait_quiet_s": args.wait_quiet,
+            "quantization": args.quantization, "quantize_lm_head": args.quantize_lm_head,
             **_llama_cpp_settings(args)}
 
 

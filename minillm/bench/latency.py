@@ -100,7 +100,12 @@ def summarize_latency(
     traced = [r.bytes_per_token for r in runs.get(baseline, SubjectLatency()).decode if r.bytes_per_token]
     analytic = analytic_decode_bytes(cfg, workload, elem, elem)
     bytes_per_token = sum(traced) / len(traced) if traced else analytic
-    figures = {name: sub.figures(workload, bytes_per_token, bandwidth) for name, sub in runs.items()}
+    figures = {}
+    for name, sub in runs.items():
+        # each subject's bandwidth figure from the bytes it reads itself (llama.cpp reads its quantized
+        # GGUF tensors); a subject that reports none runs the same weights in the same dtype as minillm
+        own = [r.bytes_per_token for r in sub.decode if r.bytes_per_token]
+        figures[name] = sub.figures(workload, sum(own) / len(own) if own else bytes_per_token, bandwidth)
     ratios: dict[str, dict[str, float | None]] = {}
     base = figures.get(baseline)
     for name, f in figures.items():

@@ -172,7 +172,16 @@ class LlamaCppSubject:
             self._decode(ctx, [(tok, pos, 0, True)])
             tok = self._argmax(ctx, 0)
             pos += 1
-        return DecodeRun(t1 - t0, time.perf_counter() - t1, max_tokens)
+        return DecodeRun(t1 - t0, time.perf_counter() - t1, max_tokens,
+                         bytes_per_token=self.decode_bytes(len(prompt_ids) + max_tokens / 2))
+
+    def decode_bytes(self, mean_context: float) -> float:
+        """Bytes one batch-1 decode step reads: every weight tensor as stored in the GGUF (Q4_1 here,
+        not minillm's float copy) plus the f16 K/V of the context (llama.cpp's default cache type)."""
+        lib, m = self.lib, self.model
+        head_dim = lib.llama_model_n_embd(m) // lib.llama_model_n_head(m)
+        kv_per_token = lib.llama_model_n_layer(m) * 2 * lib.llama_model_n_head_kv(m) * head_dim * 2
+        return float(lib.llama_model_size(m)) + kv_per_token * mean_context
 
     def prefill(self, prompt_ids: list[int]) -> float:
         ctx = self.context(len(prompt_ids) + 1)

@@ -99,6 +99,8 @@ def load_minillm(
     max_num_seqs: int = 128,
     max_num_batched_tokens: int = 2048,
     compile: bool = False,
+    quantization: str | None = None,
+    quantize_lm_head: bool = False,
 ) -> MinillmSubject:
     """The engine LLM() builds, with the KV pool sized by the caller and prefix caching off
     (random prompts never hit; off, repeating a prompt cannot skip its prefill)."""
@@ -107,6 +109,10 @@ def load_minillm(
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     loaded = load_model(model, dtype=resolve_dtype(dtype), device=dev)
+    if quantization is not None or quantize_lm_head:  # weight-only quantization, as LLM(quantization=...) does
+        from minillm.quant.apply import quantize_loaded
+
+        quantize_loaded(loaded, quantization, None, lm_head=quantize_lm_head)
     engine = LLMEngine(
         loaded.model, loaded.tokenizer, loaded.eos_token_ids,
         CacheConfig(kv_cache_memory_bytes=kv_cache_memory_bytes, enable_prefix_caching=False),
