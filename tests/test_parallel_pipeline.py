@@ -30,8 +30,9 @@ def test_pp2_matches_one_rank(pp_run, reference):
     tokens, logits, trace, workers = pp_run
     ref_tokens, ref_logits, ref_trace = reference
     assert tokens == ref_tokens
-    # each stage runs whole layers in the same order as one rank: the same sums, bit for bit
-    assert torch.equal(logits, ref_logits)
+    # each stage runs whole layers in the same order as one rank: the same sums up to the BLAS's
+    # summation order, which depends on each process's thread count (bit-exact with 1 thread everywhere)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
     assert [t.num_tokens for t in trace] == [t.num_tokens for t in ref_trace]
     assert sum(t.prefix_hit_tokens for t in trace) >= 12
     assert not any(p.is_alive() for p in workers)
