@@ -120,6 +120,17 @@ def quant_mode(cache: torch.Tensor) -> int:
     raise ValueError(f"a quantized KV cache must be int8 or float8_e4m3fn, not {cache.dtype}")
 
 
+def quant_launch_args(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                      v_scale: torch.Tensor | None) -> tuple[int, torch.Tensor, torch.Tensor, tuple]:
+    """(QUANT, k_cache, v_cache, (k_scale, v_scale, *scale strides)) as the attention kernels take them.
+
+    Float caches pass themselves as placeholder scale pointers (QUANT == 0 never reads them)."""
+    if k_scale is None:
+        return 0, k_cache, v_cache, (k_cache, v_cache, 0, 0, 0)
+    assert v_scale is not None and k_scale.stride() == v_scale.stride()
+    return quant_mode(k_cache), as_bits(k_cache), as_bits(v_cache), (k_scale, v_scale, *k_scale.stride())
+
+
 def _launch_params(T: int, kvh: int, d: int) -> dict:
     bh, bd = next_pow2(kvh), next_pow2(d)
     # about 4K lanes per program on a GPU; in the interpreter, fewer bigger programs

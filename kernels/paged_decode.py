@@ -63,7 +63,7 @@ import triton.language as tl
 
 from minillm.kernels._common import cast_out, compute_in_f32, interpreting, next_pow2
 from minillm.kernels.kv_quant import codes_to_f32
-from minillm.kernels.kv_store import as_bits, quant_mode
+from minillm.kernels.kv_store import quant_launch_args
 
 LOG2E = 1.4426950408889634
 
@@ -210,15 +210,10 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int, int, int]:
 def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits, k_scale=None, v_scale=None):
     B, H, D, kvh = _check(q, k_cache)
     group = H // kvh
-    quant = 0 if k_scale is None else quant_mode(k_cache)
+    f32 = compute_in_f32(q.dtype if k_scale is not None else k_cache.dtype)  # codes widen to q's dtype
+    quant, k_cache, v_cache, scales = quant_launch_args(k_cache, v_cache, k_scale, v_scale)
     consts = dict(GROUP=group, GROUP_PAD=next_pow2(group, 16), BLOCK_D=next_pow2(D, 16),
-                  PAGE=k_cache.shape[1], F32=compute_in_f32(q.dtype if quant else k_cache.dtype), QUANT=quant)
-    if quant:
-        assert v_scale is not None and k_scale.stride() == v_scale.stride()
-        k_cache, v_cache = as_bits(k_cache), as_bits(v_cache)
-        scales = (k_scale, v_scale, *k_scale.stride())
-    else:
-        scales = (k_cache, v_cache, 0, 0, 0)  # unused: QUANT == 0 never reads them
+                  PAGE=k_cache.shape[1], F32=f32, QUANT=quant)
     qk_scale = scale * LOG2E
     if num_splits == 1:
         run, extra = _kernel_launcher((B, kvh, 1))

@@ -50,7 +50,7 @@ import triton.language as tl
 
 from minillm.kernels._common import cast_out, compute_in_f32, interpreting, next_pow2
 from minillm.kernels.kv_quant import codes_to_f32
-from minillm.kernels.kv_store import as_bits, quant_mode
+from minillm.kernels.kv_store import quant_launch_args
 
 LOG2E = 1.4426950408889634
 
@@ -217,14 +217,8 @@ def prefill_attention(
     if max_query_len is None:
         max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1])[first_seq:].max())
     kernel, extra = _kernel_launcher(max_query_len)
-    quant = 0 if k_scale is None else quant_mode(k_cache)
-    f32 = compute_in_f32(q.dtype if quant else k_cache.dtype)
-    if quant:
-        assert v_scale is not None and k_scale.stride() == v_scale.stride()
-        k_cache, v_cache = as_bits(k_cache), as_bits(v_cache)
-        scales = (k_scale, v_scale, *k_scale.stride())
-    else:
-        scales = (k_cache, v_cache, 0, 0, 0)  # unused: QUANT == 0 never reads them
+    f32 = compute_in_f32(q.dtype if k_scale is not None else k_cache.dtype)  # codes widen to q's dtype
+    quant, k_cache, v_cache, scales = quant_launch_args(k_cache, v_cache, k_scale, v_scale)
 
     def grid(meta):
         return (H, triton.cdiv(max_query_len, meta["BLOCK_M"]), num_seqs)

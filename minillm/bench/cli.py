@@ -66,6 +66,13 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "stalling multi-threaded ops (the probe is recorded either way)")
 
 
+def _model_args(p: argparse.ArgumentParser) -> None:
+    """The model, dtype and device flags every minillm-only sub-benchmark takes."""
+    p.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--device", default=None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minillm bench", description="Measure minillm, optionally beside peers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,9 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "default: start minillm's server in this process on a free loopback port")
     srv.add_argument("--served-model-name", default=None, help="the model name the server expects (with --url)")
     srv.add_argument("--vocab-size", type=int, default=None, help="prompt token ids are drawn below this (with --url)")
-    srv.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
-    srv.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    srv.add_argument("--device", default=None)
+    _model_args(srv)
     srv.add_argument("--num-requests", type=int, default=64)
     srv.add_argument("--prompt-len-range", type=int, nargs=2, default=[32, 384], metavar=("MIN", "MAX"))
     srv.add_argument("--output-len-range", type=int, nargs=2, default=[16, 192], metavar=("MIN", "MAX"))
@@ -110,9 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--json", dest="json_out", default=None)
 
     pre = sub.add_parser("prefix", help="TTFT with prefix caching on vs off for a long shared system prompt")
-    pre.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
-    pre.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    pre.add_argument("--device", default=None)
+    _model_args(pre)
     pre.add_argument("--prefix-len", type=int, default=1024)
     pre.add_argument("--num-turns", type=int, default=8)
     pre.add_argument("--turn-len-range", type=int, nargs=2, default=[16, 64], metavar=("MIN", "MAX"))
@@ -123,9 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     spc = sub.add_parser("spec", help="speculative decoding: batch-1 speed-up, acceptance and tokens per verify "
                                       "per proposer and k, on a chat and a repeat-the-input workload; gain vs batch")
-    spc.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
-    spc.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    spc.add_argument("--device", default=None)
+    _model_args(spc)
     spc.add_argument("--proposers", default="none,ngram,int4",
                      help="comma list: none (always first), ngram, int4, int8, self:N (first N layers)")
     spc.add_argument("--ks", type=int, nargs="+", default=list(range(1, 9)), help="draft lengths k to sweep")
@@ -142,9 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tp = sub.add_parser("tp", help="tensor parallelism: per-step all-reduce bytes and time here, and an "
                                    "analytic speed-up model for Llama-2-7B/70B over NVLink vs PCIe")
-    tp.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
-    tp.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    tp.add_argument("--device", default=None)
+    _model_args(tp)
     tp.add_argument("--tp", type=int, default=3, help="ranks to compare with one (must divide the heads; default 3)")
     tp.add_argument("--num-prompts", type=int, default=4)
     tp.add_argument("--prompt-len", type=int, default=64)
