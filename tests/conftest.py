@@ -33,3 +33,13 @@ def hf_default_reference():
     path = Path(default_model_path())
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's timed runs: on a shared 2-core machine a busy core stalls
+    every 2-thread op by ~12 ms. Use with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)

@@ -24,12 +24,6 @@ from tests.helpers.tiny_models import make_tiny_hf_model
 INSTALLED = importlib.util.find_spec("llama_cpp") is not None
 
 
-@pytest.fixture()
-def one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
 
 
 def test_missing_llama_cpp_is_said_in_output_and_json(tmp_path, monkeypatch, capsys, one_thread):

@@ -30,12 +30,7 @@ from tests.test_server_helpers import MODEL_NAME, tiny_engine
 TINY_SERVE = ServeWorkload(num_requests=10, prompt_len_range=(4, 24), output_len_range=(2, 9), max_concurrency=4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _ordered(p: dict) -> None:

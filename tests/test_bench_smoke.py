@@ -23,13 +23,7 @@ TINY_THROUGHPUT = ThroughputWorkload(num_requests=6, prompt_len_range=(4, 20), o
 SMALL_ROOFS = dict(copy_bytes=4 * 2**20, matmul_n=64, repeats=3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: on a shared 2-core machine a busy core stalls every 2-thread op by ~12 ms."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
