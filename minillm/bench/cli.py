@@ -73,6 +73,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
 
 
+def _run_args(p: argparse.ArgumentParser) -> None:
+    """Threads, seed, log and JSON output flags of the minillm-only sub-benchmarks."""
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--json", dest="json_out", default=None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minillm bench", description="Measure minillm, optionally beside peers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,10 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--prefix-len", type=int, default=1024)
     pre.add_argument("--num-turns", type=int, default=8)
     pre.add_argument("--turn-len-range", type=int, nargs=2, default=[16, 64], metavar=("MIN", "MAX"))
-    pre.add_argument("--threads", type=int, default=None)
-    pre.add_argument("--seed", type=int, default=0)
-    pre.add_argument("--quiet", action="store_true")
-    pre.add_argument("--json", dest="json_out", default=None)
+    _run_args(pre)
 
     spc = sub.add_parser("spec", help="speculative decoding: batch-1 speed-up, acceptance and tokens per verify "
                                       "per proposer and k, on a chat and a repeat-the-input workload; gain vs batch")
@@ -136,10 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     spc.add_argument("--repeats", type=int, default=1)
     spc.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 4, 16])
     spc.add_argument("--batch-k", type=int, default=4, help="k for the batch-size sweep")
-    spc.add_argument("--threads", type=int, default=None)
-    spc.add_argument("--seed", type=int, default=0)
-    spc.add_argument("--quiet", action="store_true")
-    spc.add_argument("--json", dest="json_out", default=None)
+    _run_args(spc)
 
     tp = sub.add_parser("tp", help="tensor parallelism: per-step all-reduce bytes and time here, and an "
                                    "analytic speed-up model for Llama-2-7B/70B over NVLink vs PCIe")
