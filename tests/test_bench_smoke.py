@@ -154,3 +154,24 @@ def test_cli_writes_json(tiny_pair, tmp_path, capsys):
 
 def test_jsonable_turns_nan_into_null():
     assert jsonable({"a": float("nan"), "b": [1.0, float("inf")]}) == {"a": None, "b": [1.0, None]}
+
+
+def test_quantized_latency_swaps_the_bandwidth_target_for_llama_cpp():
+    """Quantized weights: issue 2's bandwidth target (float weights) gives way to the
+    llama.cpp-without-repacking target, computed from the two subjects' decode speeds."""
+    from minillm.bench.latency import SubjectLatency, summarize_latency
+    from minillm.bench.subject import DecodeRun
+
+    def runs(tok_s: float) -> SubjectLatency:
+        return SubjectLatency(decode=[DecodeRun(0.1, 63 / tok_s, 64, 1e6)] * 3, prefill_s=[1.0] * 3)
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    both = {"minillm": runs(60.0), "llama.cpp-norepack": runs(80.0)}
+    names = lambda s: {t.name: t for t in s["targets"]}  # noqa: E731
+    q = names(summarize_latency(both, TINY_LATENCY, cfg, torch.float32, 1e9, quantized=True))
+    assert "decode_bandwidth_fraction" not in q
+    assert q["quantized_decode_vs_llama_cpp_norepack"].value == pytest.approx(0.75)
+    assert q["quantized_decode_vs_llama_cpp_norepack"].passed is False
+    f = names(summarize_latency(both, TINY_LATENCY, cfg, torch.float32, 1e9))
+    assert "quantized_decode_vs_llama_cpp_norepack" not in f and f["decode_bandwidth_fraction"].value is not None

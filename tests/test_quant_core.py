@@ -78,6 +78,21 @@ def test_quant_linear_matches_float_linear_within_the_quantization_error(bits, g
     assert y.shape == (5, 96) and q(x.view(1, 5, 192)).shape == (1, 5, 96)
 
 
+@pytest.mark.slow
+def test_compiled_batch1_int8_gemv_is_the_fp32_product_of_the_dequantized_weight():
+    """Under torch.compile a one-row int8 matmul is a fused dequantize-and-reduce in fp32
+    activations (the LM head's batch-1 decode path): it must equal x @ dequantize(W).T up to
+    fp32 summation order -- far tighter than the bf16-activation kernel's 3e-2."""
+    q = QuantLinear.from_float(_w(320, 192), 8)
+    assert q.use_cpu_kernels()
+    compiled = torch.compile(q, dynamic=True)
+    for rows in (1, 3):  # 3 rows: the aten kernel again, inside the compiled graph
+        x = torch.randn(rows, 192, generator=torch.Generator().manual_seed(rows))
+        ref = x @ q.dequantize().t()
+        tol = 1e-5 if rows == 1 else 3e-2
+        torch.testing.assert_close(compiled(x), ref, atol=tol * ref.abs().max().item(), rtol=0)
+
+
 def test_cpu_layout_dequantize_agrees_with_the_plain_layout():
     q = QuantLinear.from_float(_w(32, 128), 4, 32)
     plain = q.dequantize()

@@ -35,7 +35,8 @@ def latency_report(
     before = probe_machine_state()
     runs = measure_latency(subjects, workload, cfg.vocab_size, repeats, prefill_repeats, warmup, log, settle)
     after = probe_machine_state()
-    summary = summarize_latency(runs, workload, cfg, dtype, roofs.bandwidth_bytes_per_s if roofs else None)
+    summary = summarize_latency(runs, workload, cfg, dtype, roofs.bandwidth_bytes_per_s if roofs else None,
+                                quantized=settings.get("quantization") is not None)
     report = build_report(
         "latency", **_context(roofs, device),
         machine_state={"before": before.to_dict(), "after": after.to_dict()},

@@ -81,10 +81,10 @@ class RotaryEmbedding(nn.Module):
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [tokens, heads, head_dim]; rotates each (x1, x2) half-pair by the token's angle."""
-        xf = x if x.dtype == torch.float32 else x.float()
-        x1, x2 = xf.chunk(2, dim=-1)
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return out if out.dtype == x.dtype else out.to(x.dtype)
+        # in x's dtype, as transformers does (for bf16: the same roundings, half the bytes of an fp32 detour)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         cos, sin = self.lookup(positions)
