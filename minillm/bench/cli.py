@@ -243,7 +243,9 @@ def _llama_cpp_subjects(args: argparse.Namespace) -> list:
             continue
         try:
             out.append(load_llama_cpp(f"{folder}/{gguf}", repack, torch.get_num_threads(),
-                                      max_num_seqs=getattr(args, "max_num_seqs", 64)))
+                                      max_num_seqs=getattr(args, "max_num_seqs", 64),
+                                      # the same per-step token budget as minillm's scheduler
+                                      n_batch=getattr(args, "max_num_batched_tokens", 512)))
         except Exception as e:  # a broken build must not stop the other subjects
             args.peer_notes[f"llama.cpp repack={int(repack)}"] = f"failed to load: {type(e).__name__}: {e}"
             _log(args.peer_notes[f"llama.cpp repack={int(repack)}"])

@@ -11,9 +11,10 @@ How it is driven (stated in every report):
   then one token per `llama_decode`; greedy = argmax of the returned logits.
 - serve: continuous batching the way llama-server's slots do it: up to
   n_seq_max sequences (one KV "seq id" each, each in its own KV stream:
-  `kv_unified = false`, llama.cpp's faster multi-sequence mode -- one unified
-  cache made every step attend over all sequences' cells: 19.8 output tok/s
-  on the default 128-request workload, 6.4x slower than minillm); each
+  `kv_unified = false`, llama.cpp's faster multi-sequence mode: on the default
+  128-request workload, 1 thread, one unified cache gave 19.8 output tok/s
+  and separate streams 50.4, since with one cache every step attends over
+  the cells of all sequences); each
   `llama_decode` carries one token per running sequence plus prompt tokens of
   newly admitted ones (up to n_batch tokens); a finished sequence's KV is
   removed and its slot goes to the next waiting request.
