@@ -7,12 +7,13 @@ from minillm.engine.llm_engine import LLMEngine
 
 
 @pytest.mark.slow
-def test_compiled_decode_matches_eager():
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])  # int8: the scale tensors are compiled inputs too
+def test_compiled_decode_matches_eager(kv_cache_dtype):
     model = tiny_model(heads=9, kv_heads=3, head_dim=16)
     prompts = random_prompts(5, 97, 2, 30, seed=7)
 
     def go(compile):
-        eng = LLMEngine(model, None, [], CacheConfig(block_size=4, num_blocks=128),
+        eng = LLMEngine(model, None, [], CacheConfig(block_size=4, num_blocks=128, kv_cache_dtype=kv_cache_dtype),
                         SchedulerConfig(max_num_batched_tokens=32), compile=compile)
         for i, p in enumerate(prompts):
             eng.add_request(str(i), p, greedy(12))

@@ -36,12 +36,15 @@ def _frozen_compile(fn):
     picks among the candidates. Freezing is read when a graph is compiled -- lazily,
     at a call -- so every call runs under the patched config (passing it through
     torch.compile's `options` did not take effect here)."""
+    import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
 
     compiled = torch.compile(fn, dynamic=True)
 
     def call(*args, **kwargs):
-        with inductor_config.patch(freezing=True, max_autotune=True):
+        # specialize_float: module floats (RMSNorm eps) become constants checked by a C++ guard,
+        # not ~120 Python lambda guards evaluated before every step
+        with inductor_config.patch(freezing=True, max_autotune=True), dynamo_config.patch(specialize_float=True):
             return compiled(*args, **kwargs)
 
     return call
@@ -116,6 +119,9 @@ class ModelRunner:
             if attention_backend != "torch":
                 raise ValueError("compile=True is implemented for the torch attention backend")
             self.compiled_decode = _frozen_compile(model.forward)
+            for t in self.k_caches + self.v_caches + self.k_scales + self.v_scales:
+                # the pool never changes shape: static sizes, so no per-layer duck-sizing guards
+                torch._dynamo.mark_static(t)
             if isinstance(model.lm_head, QuantLinear):
                 # a quantized head is fastest as an inductor-fused dequantize-and-reduce at batch 1
                 self.compiled_logits = torch.compile(model.compute_logits, dynamic=True)

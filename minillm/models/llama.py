@@ -48,7 +48,7 @@ class Attention(nn.Module):
         v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), dim=1)
-        qk = self.rotary.apply(qk, *rope)
+        qk = RotaryEmbedding.apply(qk, *rope)  # (static: no per-layer guard on the shared rotary module)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         assert self.backend is not None, "the model runner must attach an attention backend"
         o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
