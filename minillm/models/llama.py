@@ -21,7 +21,7 @@ from minillm.models.layers import RMSNorm, RotaryEmbedding, SwiGLU
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -33,7 +33,6 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.rotary = rotary
         # Set by the model runner: this layer's slice of the paged KV pool and the backend.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
@@ -48,7 +47,7 @@ class Attention(nn.Module):
         v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), dim=1)
-        qk = RotaryEmbedding.apply(qk, *rope)  # (static: no per-layer guard on the shared rotary module)
+        qk = RotaryEmbedding.apply(qk, *rope)  # cos/sin come from the model's one table (lookup, once a step)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         assert self.backend is not None, "the model runner must attach an attention backend"
         o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
@@ -56,10 +55,10 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, rotary)
+        self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
@@ -94,7 +93,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.rotary = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, self.rotary) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

@@ -130,9 +130,9 @@ class QuantLinear(nn.Module):
         if self.input_scale is not None:
             x2 = x2 * self.input_scale.to(x2.dtype)
         if self.layout == "cpu":
-            xb = x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16)
+            xb = x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16)  # (what torch's kernels take)
             if self.bits == 8 and x2.shape[0] == 1 and torch.compiler.is_compiling():
-                y = _int8_gemv(x2, self.qweight, self.scales)
+                y = _int8_gemv(x2, self.qweight, self.scales)  # fp32 activations; inductor drops the unused cast
             elif self.bits == 8:
                 y = torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scales)
             else:
