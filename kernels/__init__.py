@@ -17,6 +17,10 @@ import os as _os
 import torch as _torch
 
 # Choose the interpreter before anything imports triton: triton.jit decides at
-# decoration time, and so do triton.language's own helpers (tl.cdiv ...).
+# decoration time, and so do triton.language's own helpers (tl.cdiv ...). This is
+# the one place it is chosen: Python runs this file before any minillm.kernels
+# submodule (_common, every kernel), and it does not import triton itself, so
+# minillm.kernels.testing / bench / compile_check stay triton-free until used.
+# An explicit TRITON_INTERPRET (=0 for the GPU compile check) is respected.
 if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
     _os.environ["TRITON_INTERPRET"] = "1"

@@ -5,14 +5,11 @@ import os
 
 import torch
 
-# Without a GPU, Triton kernels can only run in the interpreter. Choose it before
-# any kernel is decorated (triton.jit decides at decoration time); an explicit
-# TRITON_INTERPRET=0 (the GPU compile check) is respected.
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+# TRITON_INTERPRET=1 (the interpreter, when there is no GPU and the variable is
+# unset) is chosen in minillm/kernels/__init__.py, which Python runs before this
+# and every other kernel module, so before triton is imported here.
+import triton
+import triton.language as tl
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 if _INTERPRET and not type(tl.cdiv).__name__ == "InterpretedFunction":
@@ -20,6 +17,10 @@ if _INTERPRET and not type(tl.cdiv).__name__ == "InterpretedFunction":
         "triton was imported before TRITON_INTERPRET=1 was set, so its helpers were built for a GPU; "
         "set TRITON_INTERPRET=1 in the environment (or import minillm.kernels before triton)"
     )
+
+# log2(e): the kernels' online softmax works in base 2 (exp2), so the host-side
+# wrappers pass qk_scale = scale * LOG2E. A plain float, never read inside @triton.jit.
+LOG2E = 1.4426950408889634
 
 # torch dtype -> the pointer type string triton.compile's signature expects
 TRITON_PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16"}

@@ -48,11 +48,9 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels._common import cast_out, compute_in_f32, interpreting, next_pow2
+from minillm.kernels._common import LOG2E, cast_out, compute_in_f32, interpreting, next_pow2
 from minillm.kernels.kv_quant import codes_to_f32
 from minillm.kernels.kv_store import quant_launch_args
-
-LOG2E = 1.4426950408889634
 
 
 @triton.jit

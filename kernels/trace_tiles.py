@@ -56,7 +56,7 @@ import torch
 
 from minillm.kernels import paged_decode as _pd
 from minillm.kernels import prefill as _pf
-from minillm.kernels._common import interpreting, next_pow2
+from minillm.kernels._common import LOG2E, interpreting, next_pow2
 
 LN2 = math.log(2.0)
 
@@ -442,7 +442,7 @@ def _finish(rec: _Recorder, out, block_m, block_n, k_cache, scale, num_splits, s
     page = k_cache.shape[1]
     lens = [int(n) for n in seq_lens.tolist()]
     tables = [[int(b) for b in block_tables[s, : -(-n // page)].tolist()] for s, n in enumerate(lens)]
-    return KernelTrace(rec.kernel, out, block_m, block_n, page, k_cache.shape[0], scale * _pd.LOG2E, num_splits,
+    return KernelTrace(rec.kernel, out, block_m, block_n, page, k_cache.shape[0], scale * LOG2E, num_splits,
                        lens, tables, rec.programs, rec.steps, rec.combine)
 
 

@@ -1,8 +1,9 @@
 """minillm: a compact, complete LLM inference engine to learn from."""
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine, RequestError
 from minillm.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minillm.llm import LLM
 from minillm.sampling_params import SamplingParams
 
-__all__ = ["LLM", "LLMEngine", "RequestError", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "RequestError", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
 __version__ = "0.1.0"

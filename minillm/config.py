@@ -1,4 +1,4 @@
-"""Configuration dataclasses: the model's shape and the engine's knobs."""
+"""The model's shape (ModelConfig); the engine's knobs are one EngineConfig in minillm/engine/config.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,14 +41,11 @@ class ModelConfig:
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
 
-    @property
-    def q_per_kv(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """K and V for one token across all layers: 2 * layers * kv_heads * head_dim * bytes."""
-        elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * elem
+        """K and V of one token over all layers as stored (an int8/fp8 cache adds its scales)."""
+        from minillm.attention.kv_quant import kv_bytes_per_token
+
+        return kv_bytes_per_token(self.num_hidden_layers, self.num_key_value_heads, self.head_dim, dtype)
 
     def num_parameters(self) -> int:
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
@@ -96,30 +93,3 @@ class ModelConfig:
         )
 
 
-@dataclass
-class CacheConfig:
-    """The paged KV pool. Size it by bytes, by a fraction of free GPU memory, or by blocks."""
-
-    block_size: int = 16
-    kv_cache_memory_bytes: int | None = None  # default: 512 MiB on CPU
-    gpu_memory_utilization: float = 0.9  # fraction of free device memory (CUDA only)
-    num_blocks: int | None = None  # overrides the budget when set (tests)
-    enable_prefix_caching: bool = True
-    cache_dtype: torch.dtype | None = None  # default: the model dtype
-    # "auto": cache_dtype / the model dtype; "int8" or "fp8" (e4m3): quantized with a scale per token per head
-    kv_cache_dtype: str = "auto"
-
-    def __post_init__(self) -> None:
-        from minillm.attention.kv_quant import resolve_kv_cache_dtype
-
-        resolve_kv_cache_dtype(self.kv_cache_dtype)  # a clear ValueError for anything else
-
-
-@dataclass
-class SchedulerConfig:
-    """Per-step token budget of continuous batching."""
-
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 1024
-    enable_chunked_prefill: bool = True
-    max_model_len: int | None = None  # default: the model's max_position_embeddings

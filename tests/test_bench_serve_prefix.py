@@ -19,7 +19,7 @@ from minillm.bench.prefix import PrefixWorkload, measure_prefix, summarize_prefi
 from minillm.bench.minillm_subject import MinillmSubject
 from minillm.bench.report import jsonable
 from minillm.bench.serve import ServeWorkload, run_clients, summarize_serve
-from minillm.config import CacheConfig, SchedulerConfig
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.server import create_app
 from minillm.server.background import ServerThread
@@ -90,8 +90,8 @@ def test_serve_cli_in_process(tmp_path, capsys):
 
 def _tiny_subject(block_size: int = 4) -> MinillmSubject:
     model = tiny_model(vocab=97, max_pos=512)
-    engine = LLMEngine(model, None, [], CacheConfig(block_size=block_size, num_blocks=64),
-                       SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512))
+    engine = LLMEngine(model, None, [], EngineConfig(block_size=block_size, num_kv_blocks=64,
+                                                     max_num_seqs=4, max_num_batched_tokens=512))
     return MinillmSubject(engine)
 
 
@@ -101,7 +101,7 @@ def test_prefix_bench_hits_the_shared_prefix():
     assert all(t[:66] == warm[:66] for t in turns) and len({tuple(t) for t in turns}) == 3
     subject = _tiny_subject()
     engines = twin_engines(subject, kv_cache_memory_bytes=1 << 20)
-    assert engines["cached"].cache_config.enable_prefix_caching and not engines["uncached"].cache_config.enable_prefix_caching
+    assert engines["cached"].config.enable_prefix_caching and not engines["uncached"].config.enable_prefix_caching
     assert engines["cached"].model is engines["uncached"].model  # same weights, one copy
     raw = measure_prefix(engines, wl, 97)
     # 66 shared tokens = 16 full blocks of 4 (64 tokens) found per turn; the uncached engine finds none

@@ -12,7 +12,8 @@ from minillm.bench.minillm_subject import MinillmSubject, greedy, kv_bytes_for
 from minillm.bench.report import jsonable
 from minillm.bench.runner import latency_report, throughput_report
 from minillm.bench.workload import LatencyWorkload, ThroughputWorkload
-from minillm.config import CacheConfig, ModelConfig, SchedulerConfig
+from minillm.config import ModelConfig
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.models.llama import LlamaForCausalLM
 from minillm.roofline.roofs import Roofs, get_roofs, measure_roofs
@@ -33,8 +34,8 @@ def tiny_pair(tmp_path_factory):
     cfg = ModelConfig.from_hf_dict(hf.config.to_dict())
     model = LlamaForCausalLM(cfg).eval()
     model.load_weights(hf.state_dict().items())
-    engine = LLMEngine(model, None, [], CacheConfig(block_size=4, num_blocks=128, enable_prefix_caching=False),
-                       SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64))
+    engine = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=128, enable_prefix_caching=False,
+                                                     max_num_seqs=8, max_num_batched_tokens=64))
     return folder, MinillmSubject(engine), HFSubject(hf, pad_token_id=0, batch_size=4)
 
 

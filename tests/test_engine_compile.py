@@ -2,7 +2,7 @@
 import pytest
 
 from tests.helpers.engine_utils import greedy, random_prompts, run_to_completion, tiny_model
-from minillm.config import CacheConfig, SchedulerConfig
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 
 
@@ -13,8 +13,8 @@ def test_compiled_decode_matches_eager(kv_cache_dtype):
     prompts = random_prompts(5, 97, 2, 30, seed=7)
 
     def go(compile):
-        eng = LLMEngine(model, None, [], CacheConfig(block_size=4, num_blocks=128, kv_cache_dtype=kv_cache_dtype),
-                        SchedulerConfig(max_num_batched_tokens=32), compile=compile)
+        eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=128, kv_cache_dtype=kv_cache_dtype,
+                                                      max_num_seqs=64, max_num_batched_tokens=32, compile=compile))
         for i, p in enumerate(prompts):
             eng.add_request(str(i), p, greedy(12))
         out = run_to_completion(eng)

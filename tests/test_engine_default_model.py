@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minillm.config import CacheConfig, SchedulerConfig
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.sampling_params import SamplingParams
 
@@ -22,9 +22,9 @@ QUESTIONS = [
 def make_engine(loaded, num_blocks=None, budget=2048, max_seqs=64, prefix=True, chunked=True, block_size=16):
     return LLMEngine(
         loaded.model, loaded.tokenizer, loaded.eos_token_ids,
-        CacheConfig(block_size=block_size, num_blocks=num_blocks, kv_cache_memory_bytes=128 << 20,
-                    enable_prefix_caching=prefix),
-        SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=chunked),
+        EngineConfig(block_size=block_size, num_kv_blocks=num_blocks, kv_cache_memory_bytes=128 << 20,
+                     enable_prefix_caching=prefix, max_num_seqs=max_seqs, max_num_batched_tokens=budget,
+                     enable_chunked_prefill=chunked),
     )
 
 

@@ -29,15 +29,16 @@ def test_tiny_model_triton_equals_torch():
 @pytest.mark.slow
 @pytest.mark.default_model
 def test_default_model_triton_equals_torch(default_model):
-    from minillm.config import CacheConfig, SchedulerConfig
+    from minillm.engine.config import EngineConfig
     from minillm.engine.llm_engine import LLMEngine
 
     tok = default_model.tokenizer
     prompts = [tok.encode(t, add_special_tokens=False) for t in ["The capital of France is", "1, 2, 3, 4,", "Hello, my name"]]
 
     def go(backend):
-        eng = LLMEngine(default_model.model, tok, default_model.eos_token_ids, CacheConfig(num_blocks=16),
-                        SchedulerConfig(max_num_batched_tokens=256), attention_backend=backend)
+        eng = LLMEngine(default_model.model, tok, default_model.eos_token_ids,
+                        EngineConfig(num_kv_blocks=16, max_num_seqs=64, max_num_batched_tokens=256,
+                                     attention_backend=backend))
         for i, p in enumerate(prompts):
             eng.add_request(str(i), p, greedy(6))
         out = run_to_completion(eng)

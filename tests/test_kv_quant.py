@@ -14,7 +14,7 @@ import torch
 from minillm.attention.kv_quant import (
     KV_CACHE_DTYPES, dequantize_kv, kv_bytes_per_token, kv_memory_table, quantize_kv, resolve_kv_cache_dtype,
 )
-from minillm.config import CacheConfig, SchedulerConfig
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from tests.helpers.engine_utils import greedy, random_prompts, run_to_completion, tiny_model
 
@@ -63,7 +63,7 @@ def test_resolve_and_bad_values():
     assert resolve_kv_cache_dtype("fp8") == torch.float8_e4m3fn
     for bad in ("int4", "fp16", "FP8", "", None, torch.int8):
         with pytest.raises(ValueError, match="kv_cache_dtype"):
-            CacheConfig(kv_cache_dtype=bad)
+            EngineConfig(kv_cache_dtype=bad)
 
 
 def test_llm_rejects_bad_kv_cache_dtype_before_loading():
@@ -74,13 +74,13 @@ def test_llm_rejects_bad_kv_cache_dtype_before_loading():
 
 
 def engine(model, kv: str, backend: str = "torch", **kw) -> LLMEngine:
-    cache = dict(block_size=4, num_blocks=kw.pop("num_blocks", 256), kv_cache_memory_bytes=kw.pop("budget", None),
-                 enable_prefix_caching=kw.pop("prefix", True), kv_cache_dtype=kv)
-    if cache["kv_cache_memory_bytes"] is not None:
-        cache["num_blocks"] = None
-    sched = dict(max_num_seqs=4, max_num_batched_tokens=64, enable_chunked_prefill=True)
-    sched.update(kw)
-    return LLMEngine(model, None, [], CacheConfig(**cache), SchedulerConfig(**sched), attention_backend=backend)
+    cfg = dict(block_size=4, num_kv_blocks=kw.pop("num_blocks", 256), kv_cache_memory_bytes=kw.pop("budget", None),
+               enable_prefix_caching=kw.pop("prefix", True), kv_cache_dtype=kv,
+               max_num_seqs=4, max_num_batched_tokens=64, enable_chunked_prefill=True, attention_backend=backend)
+    if cfg["kv_cache_memory_bytes"] is not None:
+        cfg["num_kv_blocks"] = None
+    cfg.update(kw)
+    return LLMEngine(model, None, [], EngineConfig(**cfg))
 
 
 @pytest.mark.parametrize("model_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -93,16 +93,18 @@ def test_budget_holds_more_tokens_and_allocation_matches(model_dtype):
     for kv, per_token in expect.items():
         assert kv_bytes_per_token(2, 2, 16, resolve_kv_cache_dtype(kv) or model_dtype) == per_token
         eng = engine(model, kv, budget=budget)
-        spec, runner = eng.runner.spec, eng.runner
-        assert spec.bytes_per_block == 4 * per_token
-        assert spec.num_blocks == budget // (4 * per_token) == table[kv].num_blocks
-        assert table[kv].max_seqs == spec.num_blocks // 13  # 50 tokens: 13 blocks of 4
+        plan, executor = eng.executor.plan, eng.executor
+        pool = executor.pool
+        assert plan.bytes_per_block == 4 * per_token
+        assert plan.num_blocks == budget // (4 * per_token) == table[kv].num_blocks
+        assert table[kv].max_seqs == plan.num_blocks // 13  # 50 tokens: 13 blocks of 4
         # what is allocated is what was planned: codes + scales, every layer
-        pools = runner.k_caches + runner.v_caches + runner.k_scales + runner.v_scales
+        pools = [t for t in pool.k_caches + pool.v_caches + pool.k_scales + pool.v_scales if t is not None]
         allocated = sum(t.numel() * t.element_size() for t in pools)
-        assert allocated == runner.kv_cache_bytes == spec.num_blocks * spec.bytes_per_block <= budget
-        assert (len(runner.k_scales) == 2) == (kv != "auto")
-        assert runner.k_caches[0].dtype == (KV_CACHE_DTYPES[kv] or model_dtype)
+        assert allocated == executor.kv_cache_bytes == plan.num_blocks * plan.bytes_per_block <= budget
+        assert len(pools) == (4 * 2 if kv != "auto" else 2 * 2)  # K, V (and their scales) of 2 layers
+        assert all(s is not None for s in pool.k_scales + pool.v_scales) == (kv != "auto")
+        assert pool.k_caches[0].dtype == (KV_CACHE_DTYPES[kv] or model_dtype)
     ratio = table["int8"].num_blocks / table["auto"].num_blocks
     assert ratio == pytest.approx(16 * elem / 20, rel=0.02)  # fp32: 3.2x the tokens, bf16: 1.6x
 
@@ -133,7 +135,7 @@ def test_backend_attends_over_the_dequantized_cache(kv, backend):
     # one packed batch: a decode, a chunk after 10 cached tokens, a whole fresh prompt. Every
     # query must see exactly dequantize(quantize(K/V)) -- its own fresh keys included -- so a
     # prompt gets the same attention whether prefilled whole, in chunks or after a prefix hit.
-    from minillm.engine.model_runner import make_attention_backend
+    from minillm.attention.registry import make_attention_backend
     from minillm.attention.metadata import AttentionMetadata
     from minillm.attention.torch_backend import store_kv_quant
 
@@ -208,8 +210,8 @@ TEXTS = ["The capital of France is", "1, 2, 3, 4,", "Hello, my name is", "def fi
 
 def default_engine(default_model, kv: str, backend: str = "torch") -> LLMEngine:
     return LLMEngine(default_model.model, default_model.tokenizer, default_model.eos_token_ids,
-                     CacheConfig(num_blocks=64, kv_cache_dtype=kv), SchedulerConfig(max_num_batched_tokens=256),
-                     attention_backend=backend)
+                     EngineConfig(num_kv_blocks=64, kv_cache_dtype=kv, max_num_seqs=64, max_num_batched_tokens=256,
+                                  attention_backend=backend))
 
 
 def greedy_tokens(eng: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:

@@ -141,10 +141,18 @@ def test_stop_string(client, reference):
 
 
 def test_stop_token_ids_min_tokens_ignore_eos(client, reference):
-    first = reference.token_ids[3]
+    # a stop token that first appears after the first output token: min_tokens=1 bans it only at
+    # position 0, where greedy picked another token anyway, so the output is the reference's up to it
+    ids = reference.token_ids
+    stop = next(t for t in ids if t != ids[0])
     r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=24, temperature=0,
-                                  extra_body={"stop_token_ids": [first], "min_tokens": 1})
-    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == reference.token_ids.index(first) + 1
+                                  extra_body={"stop_token_ids": [stop], "min_tokens": 1})
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == ids.index(stop) + 1
+    # min_tokens past the stop's position: the stop token cannot end the output before min_tokens
+    at_least = ids.index(stop) + 3
+    r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=24, temperature=0,
+                                  extra_body={"stop_token_ids": [stop], "min_tokens": at_least})
+    assert r.usage.completion_tokens >= at_least
     r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=5, temperature=0,
                                   extra_body={"ignore_eos": True, "min_p": 0.0, "skip_special_tokens": True,
                                               "some_unknown_vllm_knob": 3})

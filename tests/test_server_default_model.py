@@ -4,7 +4,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from minillm.config import CacheConfig, SchedulerConfig
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.sampling_params import SamplingParams
 from minillm.server import create_app
@@ -19,8 +19,8 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def served(default_model):
     dm = default_model
-    engine = LLMEngine(dm.model, dm.tokenizer, dm.eos_token_ids, CacheConfig(block_size=16, num_blocks=64),
-                       SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256))
+    engine = LLMEngine(dm.model, dm.tokenizer, dm.eos_token_ids,
+                       EngineConfig(block_size=16, num_kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=256))
     # the reference, from the same engine before the server owns it
     prompt = dm.tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     engine.add_request("ref", dm.tokenizer.encode(prompt, add_special_tokens=False),

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from minillm.config import CacheConfig, SchedulerConfig
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.sampling_params import SamplingParams
 from tests.helpers.engine_utils import tiny_model
@@ -47,8 +47,8 @@ def tiny_engine(num_blocks: int = 512, block_size: int = 4, max_num_seqs: int = 
                 engine_cls: type[LLMEngine] = LLMEngine, seed: int = 0) -> LLMEngine:
     return engine_cls(
         printable_tiny_model(seed), make_tiny_tokenizer(), [EOS],
-        CacheConfig(block_size=block_size, num_blocks=num_blocks),
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+        EngineConfig(block_size=block_size, num_kv_blocks=num_blocks, max_num_seqs=max_num_seqs,
+                     max_num_batched_tokens=max_num_batched_tokens),
     )
 
 

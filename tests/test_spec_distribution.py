@@ -12,8 +12,8 @@ import torch
 
 from minillm.models.standalone import forward_logits
 from minillm.sampling_params import SamplingParams
-from minillm.spec import rejection
-from minillm.config import CacheConfig, SchedulerConfig
+from minillm.spec_decode import rejection
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from tests.helpers.engine_utils import tiny_model
 
@@ -38,8 +38,8 @@ def target_distribution(model) -> dict[tuple[int, ...], float]:
 
 def sample_with_spec(model, speculative: dict) -> dict[tuple[int, ...], int]:
     torch.manual_seed(0)
-    engine = LLMEngine(model, None, [], CacheConfig(block_size=4, num_blocks=2048),
-                       SchedulerConfig(max_num_seqs=512, max_num_batched_tokens=4096), speculative=speculative)
+    engine = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=2048, max_num_seqs=512,
+                                                     max_num_batched_tokens=4096, speculative=speculative))
     params = SamplingParams(temperature=1.0, max_tokens=NEW, ignore_eos=True)
     for i in range(SAMPLES):
         engine.add_request(str(i), PROMPT, params)

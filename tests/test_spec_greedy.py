@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from minillm.config import CacheConfig, SchedulerConfig
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from tests.test_engine_default_model import QUESTIONS, chat_ids, run
 
@@ -26,8 +26,8 @@ def prompts(tok) -> list[list[int]]:
 def engine(loaded, speculative=None, num_blocks=None) -> LLMEngine:
     return LLMEngine(
         loaded.model, loaded.tokenizer, loaded.eos_token_ids,
-        CacheConfig(block_size=16, num_blocks=num_blocks, kv_cache_memory_bytes=64 << 20),
-        SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=512), speculative=speculative,
+        EngineConfig(block_size=16, num_kv_blocks=num_blocks, kv_cache_memory_bytes=64 << 20,
+                     max_num_seqs=16, max_num_batched_tokens=512, speculative=speculative),
     )
 
 

@@ -6,13 +6,13 @@ import json
 import pytest
 import torch
 
-from minillm.config import CacheConfig, SchedulerConfig
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.trace import StepTrace
 from minillm.sampling_params import SamplingParams
-from minillm.spec import parse_speculative
-from minillm.spec.ngram import NgramProposer
-from minillm.spec.rejection import verify_tokens
+from minillm.spec_decode import parse_speculative
+from minillm.spec_decode.ngram import NgramProposer
+from minillm.spec_decode.rejection import verify_tokens
 from tests.helpers.engine_utils import random_prompts, run_to_completion, tiny_model
 
 
@@ -42,8 +42,8 @@ def test_llm_rejects_a_bad_config_before_loading_the_model():
 def test_draft_self_cannot_use_every_layer():
     model = tiny_model(layers=2)
     with pytest.raises(ValueError, match="is the target itself"):
-        LLMEngine(model, None, [], CacheConfig(block_size=4, num_blocks=64),
-                  speculative={"method": "draft", "model": "self", "num_layers": 2})
+        LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64,
+                                                speculative={"method": "draft", "model": "self", "num_layers": 2}))
 
 
 def test_ngram_proposes_the_continuation_of_the_latest_longest_match():
@@ -78,8 +78,9 @@ def test_sampled_verify_never_emits_a_token_the_target_forbids():
 
 
 def tiny_engine(speculative=None, num_blocks=256, block_size=4):
-    return LLMEngine(tiny_model(seed=1, vocab=31), None, [], CacheConfig(block_size=block_size, num_blocks=num_blocks),
-                     SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), speculative=speculative)
+    return LLMEngine(tiny_model(seed=1, vocab=31), None, [],
+                     EngineConfig(block_size=block_size, num_kv_blocks=num_blocks, max_num_seqs=8,
+                                  max_num_batched_tokens=64, speculative=speculative))
 
 
 SPECS = [None, {"method": "ngram", "num_tokens": 5, "ngram_max": 3},
@@ -112,8 +113,9 @@ def test_tiny_greedy_with_stop_tokens_and_preemption(num_blocks):
 
 def test_scheduler_budget_counts_the_lookahead():
     # 8 decoding sequences x (1 + 5 lookahead) would need 48 tokens; the budget is 16
-    e = LLMEngine(tiny_model(seed=1, vocab=31), None, [], CacheConfig(block_size=4, num_blocks=256),
-                  SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16), speculative={"method": "ngram", "num_tokens": 5})
+    e = LLMEngine(tiny_model(seed=1, vocab=31), None, [],
+                  EngineConfig(block_size=4, num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=16,
+                               speculative={"method": "ngram", "num_tokens": 5}))
     for i, p in enumerate(random_prompts(8, 31, 3, 6, seed=2)):
         e.add_request(str(i), p * 3, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
     run_to_completion(e)
@@ -133,9 +135,9 @@ def test_triton_backend_verifies_like_torch(spec):
     # the verify forward is a multi-token chunk over cached context: the Triton prefill kernel's case
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     ref, _ = generate(None, params)
-    e = LLMEngine(tiny_model(seed=1, vocab=31), None, [], CacheConfig(block_size=16, num_blocks=64),
-                  SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), attention_backend="triton",
-                  speculative=spec)
+    e = LLMEngine(tiny_model(seed=1, vocab=31), None, [],
+                  EngineConfig(block_size=16, num_kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=64,
+                               attention_backend="triton", speculative=spec))
     for i, p in enumerate(random_prompts(8, 31, 3, 12, seed=4)):
         e.add_request(str(i), p * 2, params)
     assert run_to_completion(e) == ref

@@ -103,10 +103,10 @@ class StepController:
     def step(self, n: int = 1, render: bool = True) -> int:
         """Run up to `n` engine steps (fewer if the engine runs out of work); returns how many ran."""
         done = 0
-        if self.has_work and hasattr(self.engine, "runner"):
+        if self.has_work and hasattr(self.engine, "executor"):
             # several engines may share one model (the notebooks build a few): point its
             # attention layers at this engine's KV pool before stepping it
-            self.engine.runner.attach()
+            self.engine.executor.attach()
         while done < n and self.has_work:
             self.engine.step()
             done += 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from minillm.config import CacheConfig, SchedulerConfig
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.outputs import RequestOutput
 
@@ -19,15 +19,15 @@ def new_engine(llm, *, num_blocks: int = 256, block_size: int = 16, max_num_seqs
     """An LLMEngine on `llm`'s model and tokenizer with its own KV pool and scheduler knobs."""
     return LLMEngine(
         llm.loaded.model, llm.tokenizer, llm.loaded.eos_token_ids,
-        CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching),
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                        enable_chunked_prefill=enable_chunked_prefill, max_model_len=max_model_len),
+        EngineConfig(block_size=block_size, num_kv_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching,
+                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                     enable_chunked_prefill=enable_chunked_prefill, max_model_len=max_model_len),
     )
 
 
 def drain(engine: LLMEngine) -> dict[str, RequestOutput]:
     """Step until every request finished; returns the final output per request id."""
-    engine.runner.attach()  # this engine's KV pool, in case another engine used the model since
+    engine.executor.attach()  # this engine's KV pool, in case another engine used the model since
     done: dict[str, RequestOutput] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():

@@ -1,16 +1,26 @@
-"""The attention backend interface: store this step's K/V, then attend through the block tables."""
+"""The attention backend interface: store this step's K/V, then attend through the block tables.
+
+The executor calls `prepare(meta, ...)` once per step before the forward (per-step
+state every layer reuses, e.g. the decode gather indices), then every attention
+layer calls `forward`. An int8/fp8 cache passes its per-token-per-head scales;
+a float cache passes None for both.
+"""
 from __future__ import annotations
 
-from typing import Protocol
+from abc import ABC, abstractmethod
 
 import torch
 
 from minillm.attention.metadata import AttentionMetadata
 
 
-class AttentionBackend(Protocol):
+class AttentionBackend(ABC):
     name: str
 
+    def prepare(self, meta: AttentionMetadata, block_size: int, num_kv_heads: int, quantized: bool) -> None:
+        """Derive this step's shared state into `meta` (eager steps only; a compiled step derives it in-graph)."""
+
+    @abstractmethod
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
@@ -20,5 +30,7 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32 (int8/fp8 caches)
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...

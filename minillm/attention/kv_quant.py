@@ -109,26 +109,3 @@ def dequantize_kv(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> t
 def as_bits(cache: torch.Tensor) -> torch.Tensor:
     """The tensor index ops and Triton see: fp8 pools through a uint8 view, others as they are."""
     return cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
-
-
-@dataclass
-class QuantKVLayer:
-    """One attention layer's view of the shared backend plus its K/V scale pools.
-
-    The model calls ``backend.forward(q, k, v, k_cache, v_cache, meta, scale)``
-    with its cache tensors; this binding adds the layer's scale pools
-    (``[num_blocks, block_size, kv_heads]`` fp32), so the model code does not
-    change and the float path does not pay for quantization.
-    """
-
-    backend: object
-    k_scale: torch.Tensor
-    v_scale: torch.Tensor
-
-    @property
-    def name(self) -> str:
-        return self.backend.name  # type: ignore[attr-defined]
-
-    def forward(self, q, k, v, k_cache, v_cache, meta, scale):  # noqa: ANN001 (the backend interface)
-        return self.backend.forward(q, k, v, k_cache, v_cache, meta, scale,  # type: ignore[attr-defined]
-                                    k_scale=self.k_scale, v_scale=self.v_scale)

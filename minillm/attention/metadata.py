@@ -16,8 +16,7 @@ Layout conventions shared by every backend and by the Triton kernels:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
@@ -35,16 +34,14 @@ class AttentionMetadata:
     # Python copies of the small vectors, so the torch path never syncs on .tolist()
     query_lens_list: list[int]
     seq_lens_list: list[int]
-    # per-step values a backend derives once and reuses in every layer (e.g. gather indices)
-    scratch: dict[str, Any] = field(default_factory=dict)
+    # filled by the backend's prepare() before the forward (eager steps), reused by every layer:
+    decode_slots: torch.Tensor | None = None  # int64 [num_decode_seqs * L] flat pool slot of every decode key
+    decode_rows: torch.Tensor | None = None  # the same keys as rows of a cache seen as [-1, head_dim]
+    decode_mask: torch.Tensor | None = None  # bool [num_decode_seqs, 1, 1, L]; None when all lengths are equal
 
     @property
     def num_tokens(self) -> int:
         return int(self.slot_mapping.shape[0])
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return self.num_decode_seqs
 
     @classmethod
     def build(

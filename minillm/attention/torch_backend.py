@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minillm.attention.base import AttentionBackend
 from minillm.attention.kv_quant import as_bits, dequantize_kv, quantize_kv
 from minillm.attention.metadata import AttentionMetadata
 
@@ -155,10 +156,7 @@ def forward_quant(
     parts = []
     if nd:
         if lens is not None:
-            if "decode_slots" not in meta.scratch:
-                meta.scratch["decode_slots"] = decode_gather_slots(
-                    meta.block_tables[:nd], meta.seq_lens[:nd], max(lens), bs, masked=min(lens) != max(lens))
-            slots, mask = meta.scratch["decode_slots"]
+            slots, mask = meta.decode_slots, meta.decode_mask
         keys = gather_dequant(k_cache, k_scale, slots, q.dtype).view(nd, -1, kvh, d).transpose(1, 2)
         vals = gather_dequant(v_cache, v_scale, slots, q.dtype).view(nd, -1, kvh, d).transpose(1, 2)
         parts.append(decode_attend(q[:nd], keys, vals, mask, scale))
@@ -181,15 +179,29 @@ def forward_quant(
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
 
-class TorchAttentionBackend:
+class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+
+    def prepare(self, meta: AttentionMetadata, block_size: int, num_kv_heads: int, quantized: bool) -> None:
+        """The decode keys' pool slots, computed once per step and shared by all layers."""
+        nd = meta.num_decode_seqs
+        if not nd:
+            return
+        lens = meta.seq_lens_list[:nd]
+        meta.decode_slots, meta.decode_mask = decode_gather_slots(
+            meta.block_tables[:nd], meta.seq_lens[:nd], max(lens), block_size, masked=min(lens) != max(lens))
+        if not quantized:  # the float path gathers K/V rows already in [B, kvh, L, D] order
+            meta.decode_rows = decode_head_rows(meta.decode_slots, nd, num_kv_heads)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
         v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
         k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if k_scale is not None:  # int8 / fp8 cache (the runner binds the scales, see kv_quant.QuantKVLayer)
+        if meta.num_decode_seqs and meta.decode_slots is None and not torch.compiler.is_compiling():
+            # a direct caller (a test) that skipped prepare(): derive the step's state now
+            self.prepare(meta, k_cache.shape[1], k_cache.shape[2], k_scale is not None)
+        if k_scale is not None:  # int8 / fp8 cache: the pool binds each layer's scales (engine/kv_cache.py)
             return forward_quant(q, k, v, k_cache, v_cache, k_scale, v_scale, meta, scale)
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         bs = k_cache.shape[1]
@@ -203,13 +215,7 @@ class TorchAttentionBackend:
         nd = meta.num_decode_seqs
         parts = []
         if nd:
-            if "decode_rows" not in meta.scratch:
-                lens = meta.seq_lens_list[:nd]
-                slots, mask = decode_gather_slots(
-                    meta.block_tables[:nd], meta.seq_lens[:nd], max(lens), bs, masked=min(lens) != max(lens))
-                meta.scratch["decode_rows"] = decode_head_rows(slots, nd, k_cache.shape[2]), mask
-            rows, mask = meta.scratch["decode_rows"]
-            parts.append(paged_decode(q[:nd], k_cache, v_cache, rows, mask, scale))
+            parts.append(paged_decode(q[:nd], k_cache, v_cache, meta.decode_rows, meta.decode_mask, scale))
         start = nd
         for i in range(nd, meta.num_seqs):
             lq, sl = meta.query_lens_list[i], meta.seq_lens_list[i]

@@ -10,21 +10,22 @@ concatenated. On a GPU, decode splits long contexts across programs
 On CPU this runs under ``TRITON_INTERPRET=1`` (set it before triton is first
 imported); that is for testing, the torch backend is the CPU fast path.
 
-int8 / fp8 caches: the runner binds each layer's scale pools
-(kv_quant.QuantKVLayer) and they are passed to the three kernels, which
+int8 / fp8 caches: each layer passes its scale pools (bound by engine/kv_cache.py)
+and they are passed to the three kernels, which
 quantize on store and dequantize on load.
 """
 from __future__ import annotations
 
 import torch
 
+from minillm.attention.base import AttentionBackend
 from minillm.attention.metadata import AttentionMetadata
 from minillm.kernels.kv_store import store_kv_cache
 from minillm.kernels.paged_decode import choose_num_splits, paged_decode_attention_split
 from minillm.kernels.prefill import prefill_attention
 
 
-class TritonAttentionBackend:
+class TritonAttentionBackend(AttentionBackend):
     name = "triton"
 
     def __init__(self) -> None:

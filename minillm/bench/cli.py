@@ -298,11 +298,11 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
     # Size minillm's KV pool to hold every request at once, so the run measures batching, not preemption.
     cfg = subjects[0].config
     prompts, outs = wl.requests(cfg.vocab_size)
-    kv_dtype = subjects[0].engine.runner.spec.dtype
+    kv_dtype = subjects[0].engine.executor.plan.dtype
     subjects[0].resize_kv_cache(kv_bytes_for(cfg, kv_dtype, [len(p) + n for p, n in zip(prompts, outs)]))
     settings = {**_settings(args, device), "max_num_seqs": args.max_num_seqs,
                 "max_num_batched_tokens": args.max_num_batched_tokens, "hf_batch_size": args.hf_batch_size,
-                "kv_cache_bytes": subjects[0].engine.runner.kv_cache_bytes}
+                "kv_cache_bytes": subjects[0].engine.executor.kv_cache_bytes}
     report, summary = throughput_report(
         subjects, cfg, DTYPES[args.dtype], wl, roofs, settings, args.repeats, device=device,
         log=(lambda s: None) if args.quiet else _log, settle=functools.partial(settle, args.wait_quiet),
@@ -362,7 +362,7 @@ def _prefix(args: argparse.Namespace) -> dict[str, Any]:
     cfg = subject.config
     warm, turns = wl.prompts(cfg.vocab_size)
     # a pool that holds every prompt at once: the cached prefix is never evicted during the run
-    kv = kv_bytes_for(cfg, subject.engine.runner.spec.dtype, [len(p) + wl.output_len for p in [warm, *turns]])
+    kv = kv_bytes_for(cfg, subject.engine.executor.plan.dtype, [len(p) + wl.output_len for p in [warm, *turns]])
     engines = twin_engines(subject, kv)
     before = probe_machine_state()
     raw = measure_prefix(engines, wl, cfg.vocab_size, log=(lambda s: None) if args.quiet else _log)
@@ -370,7 +370,7 @@ def _prefix(args: argparse.Namespace) -> dict[str, Any]:
     summary = summarize_prefix(raw)
     settings = {"model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)", "dtype": args.dtype,
                 "device": device, "threads": torch.get_num_threads(), "seed": args.seed, "kv_cache_bytes": kv,
-                "block_size": engines["cached"].cache_config.block_size}
+                "block_size": engines["cached"].config.block_size}
     report = build_report("prefix", **_context(None, device),
                           machine_state={"before": before.to_dict(), "after": after.to_dict()},
                           settings=settings, workload=wl.to_dict(), **summary)
@@ -401,7 +401,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench import spec as sb
     from minillm.bench.report import build_report
     from minillm.bench.runner import _context
-    from minillm.llm import resolve_dtype
+    from minillm.engine.config import resolve_dtype
     from minillm.loader import load_model
     from minillm.roofline.machine_state import probe_machine_state
 

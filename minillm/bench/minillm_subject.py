@@ -1,14 +1,14 @@
 """minillm as a benchmark subject: drives an LLMEngine directly, reads its metrics and trace."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 
 import torch
 
 from minillm.bench.subject import BatchRun, DecodeRun
-from minillm.config import CacheConfig, ModelConfig, SchedulerConfig
+from minillm.config import ModelConfig
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.outputs import RequestOutput
 from minillm.engine.trace import StepTrace
@@ -33,15 +33,15 @@ class MinillmSubject:
     def resize_kv_cache(self, kv_cache_memory_bytes: int) -> None:
         """A fresh engine over the same model with a KV pool of this many bytes (other settings kept)."""
         old = self.engine
-        backend = old.runner.backend.name
-        cache = dataclasses.replace(old.cache_config, kv_cache_memory_bytes=kv_cache_memory_bytes, num_blocks=None)
+        config = old.config.replace(kv_cache_memory_bytes=kv_cache_memory_bytes, num_kv_blocks=None)
         for attn in old.model.attention_layers():  # release the old pool before allocating the new one
             attn.k_cache = attn.v_cache = torch.empty(0)
-        old.runner.k_caches.clear()
-        old.runner.v_caches.clear()
-        extra = {"compile": True} if getattr(old.runner, "compiled_decode", None) is not None else {}
-        self.engine = LLMEngine(old.model, old.tokenizer, sorted(old.eos_token_ids), cache, old.scheduler_config,
-                                attention_backend=backend, **extra)
+            attn.k_scale = attn.v_scale = None
+        pool = getattr(old.executor, "pool", None)
+        if pool is not None:
+            for tensors in (pool.k_caches, pool.v_caches, pool.k_scales, pool.v_scales):
+                tensors.clear()
+        self.engine = LLMEngine(old.model, old.tokenizer, sorted(old.eos_token_ids), config)
 
     def run(self, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[RequestOutput], list[StepTrace]]:
         """The loop of LLM.generate without a progress bar; returns outputs in order and the steps taken."""
@@ -104,7 +104,7 @@ def load_minillm(
 ) -> MinillmSubject:
     """The engine LLM() builds, with the KV pool sized by the caller and prefix caching off
     (random prompts never hit; off, repeating a prompt cannot skip its prefill)."""
-    from minillm.llm import resolve_dtype
+    from minillm.engine.config import resolve_dtype
     from minillm.loader import load_model
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -115,9 +115,9 @@ def load_minillm(
         quantize_loaded(loaded, quantization, None, lm_head=quantize_lm_head)
     engine = LLMEngine(
         loaded.model, loaded.tokenizer, loaded.eos_token_ids,
-        CacheConfig(kv_cache_memory_bytes=kv_cache_memory_bytes, enable_prefix_caching=False),
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
-        **({"compile": True} if compile else {}),  # torch.compile'd decode steps (the engine's option)
+        EngineConfig(kv_cache_memory_bytes=kv_cache_memory_bytes, enable_prefix_caching=False,
+                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                     compile=compile),  # torch.compile'd decode steps (the engine's option)
     )
     return MinillmSubject(engine)
 

@@ -9,7 +9,6 @@ P + S; the step trace says how many prompt tokens were found in the cache.
 """
 from __future__ import annotations
 
-import dataclasses
 import random
 import statistics
 from dataclasses import asdict, dataclass
@@ -56,10 +55,10 @@ def twin_engines(subject: MinillmSubject, kv_cache_memory_bytes: int) -> dict[st
     old = subject.engine
     out = {}
     for name, caching in (("cached", True), ("uncached", False)):
-        cache = dataclasses.replace(old.cache_config, kv_cache_memory_bytes=kv_cache_memory_bytes, num_blocks=None,
-                                    enable_prefix_caching=caching)
-        out[name] = LLMEngine(old.model, old.tokenizer, sorted(old.eos_token_ids), cache, old.scheduler_config,
-                              attention_backend=old.runner.backend.name)
+        # the subject's settings (backend, scheduler) except the pool; neither torch.compile nor drafts
+        config = old.config.replace(kv_cache_memory_bytes=kv_cache_memory_bytes, num_kv_blocks=None,
+                                    enable_prefix_caching=caching, compile=False, speculative=None)
+        out[name] = LLMEngine(old.model, old.tokenizer, sorted(old.eos_token_ids), config)
     return out
 
 

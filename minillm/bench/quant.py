@@ -62,7 +62,7 @@ class QuantSubjectRow:
 def build_subject(loaded, setting: str, group_size: int | None = None, max_num_seqs: int = 8):
     """(MinillmSubject, model) for one setting, on a private copy of the float model unless it is 'float'."""
     from minillm.bench.minillm_subject import MinillmSubject
-    from minillm.config import CacheConfig, SchedulerConfig
+    from minillm.engine.config import EngineConfig
     from minillm.engine.llm_engine import LLMEngine
     from minillm.eval.ppl import parse_setting
     from minillm.quant.apply import quantize_loaded
@@ -74,8 +74,8 @@ def build_subject(loaded, setting: str, group_size: int | None = None, max_num_s
         gs = group_size if s.quantization in ("int4", "int4-awq") else None
         quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head)
     engine = LLMEngine(model, loaded.tokenizer, loaded.eos_token_ids,
-                       CacheConfig(num_blocks=64, enable_prefix_caching=False, kv_cache_dtype=s.kv_cache_dtype),
-                       SchedulerConfig(max_num_seqs=max_num_seqs))
+                       EngineConfig(num_kv_blocks=64, enable_prefix_caching=False, kv_cache_dtype=s.kv_cache_dtype,
+                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=1024))
     return MinillmSubject(engine), model, s
 
 
@@ -101,13 +101,13 @@ def measure_quant(
         subjects.append(subj)
         log(f"built {name}: {wb / 1e6:.1f} MB weights/token, {kv_tok} B KV/token ({rows[-1].load_s}s)")
     for s in subjects:  # warm-up: allocations, oneDNN primitives, first-call packing
-        s.engine.runner.attach()  # KV-only settings share the float model: point it at this engine's pool
+        s.engine.executor.attach()  # KV-only settings share the float model: point it at this engine's pool
         s.decode(workload.decode_prompt(-1, cfg.vocab_size), min(8, workload.output_len))
     for r in range(repeats):
         prompt = workload.decode_prompt(r, cfg.vocab_size)
         order = list(range(len(subjects)))
         for i in order if r % 2 == 0 else order[::-1]:
-            subjects[i].engine.runner.attach()
+            subjects[i].engine.executor.attach()
             run = subjects[i].decode(prompt, workload.output_len)
             rows[i].tok_s.append(run.decode_tok_s)
             log(f"decode {rows[i].setting:20s} repeat {r}: {run.decode_tok_s:7.2f} tok/s")

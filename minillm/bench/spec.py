@@ -2,7 +2,7 @@
 
 One model, one engine per proposer (none, n-gram, int4 draft, ...), each with
 its own KV pool; k is changed between runs on the same engine
-(minillm.spec.step.set_num_tokens), so the draft is built once. Two workloads
+(LLMEngine.set_num_speculative_tokens), so the draft is built once. Two workloads
 of chat-templated prompts on the default model:
 
 * chat: open questions; the answer rarely repeats the prompt.
@@ -119,13 +119,13 @@ class RunStats:
 
 def build_engines(model, tokenizer, eos_token_ids, proposers: list[str], kv_cache_bytes: int,
                   max_num_seqs: int = 64) -> dict[str, LLMEngine]:
-    from minillm.config import CacheConfig, SchedulerConfig
+    from minillm.engine.config import EngineConfig
 
     return {
         p: LLMEngine(model, tokenizer, eos_token_ids,
-                     CacheConfig(kv_cache_memory_bytes=kv_cache_bytes, enable_prefix_caching=False),
-                     SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=2048),
-                     speculative=Proposer(p).speculative)
+                     EngineConfig(kv_cache_memory_bytes=kv_cache_bytes, enable_prefix_caching=False,
+                                  max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
+                                  speculative=Proposer(p).speculative))
         for p in proposers
     }
 
@@ -150,8 +150,6 @@ def configs(proposers: list[str], ks: list[int]) -> list[tuple[str, int]]:
 def measure_batch1(engines: dict[str, LLMEngine], workload: SpecWorkload, prompts: list[list[int]], ks: list[int],
                    repeats: int = 1, log: Log = lambda s: None) -> dict[tuple[str, int], dict[str, Any]]:
     """Per (proposer, k): decode tok/s per prompt and repeat, acceptance, tokens per verify."""
-    from minillm.spec.step import set_num_tokens
-
     cfgs = configs(list(engines), ks)
     stats = {c: RunStats() for c in cfgs}
     speeds: dict[tuple[str, int], list[float]] = {c: [] for c in cfgs}
@@ -163,7 +161,7 @@ def measure_batch1(engines: dict[str, LLMEngine], workload: SpecWorkload, prompt
             for name, k in order:
                 e = engines[name]
                 if k:
-                    set_num_tokens(e, k)
+                    e.set_num_speculative_tokens(k)
                 (out,), steps = run_batch(e, [p], workload.output_len)
                 one = RunStats()
                 one.add(steps)
@@ -187,14 +185,12 @@ def measure_batch1(engines: dict[str, LLMEngine], workload: SpecWorkload, prompt
 def measure_batch_scaling(engines: dict[str, LLMEngine], workload: SpecWorkload, prompts: list[list[int]],
                           batch_sizes: list[int], k: int, log: Log = lambda s: None) -> dict[str, dict[int, float]]:
     """Decode tok/s of the whole batch per proposer (all at the same k) and batch size."""
-    from minillm.spec.step import set_num_tokens
-
     out: dict[str, dict[int, float]] = {name: {} for name in engines}
     for b in batch_sizes:
         batch = [prompts[i % len(prompts)] for i in range(b)]
         for name, e in engines.items():
-            if e.spec is not None:
-                set_num_tokens(e, k)
+            if e.config.speculative is not None:
+                e.set_num_speculative_tokens(k)
             _, steps = run_batch(e, batch, workload.output_len)
             s = RunStats()
             s.add(steps)

@@ -10,20 +10,39 @@ new sequence whose leading full blocks hash the same takes those blocks
 (ref count + 1) instead of recomputing them. A block whose ref count drops to
 0 keeps its content and hash: it sits in the free queue, least recently freed
 first, and is only evicted (hash forgotten) when the queue hands it out again.
+
+Why sha256 by default: a prefix-cache hit hands a sequence K/V that some other
+prompt computed. If two different token chains ever hash alike, the second
+prompt is silently served the first one's KV -- wrong output, no error, and
+across requests (one user's context leaking into another's answer). Python's
+`hash` of a tuple is 61 bits, unkeyed and not designed to resist collisions
+(they can be constructed on purpose), so the default digest is sha256 over the
+parent's 32-byte digest, the block's token ids and any extra keys, as vLLM does
+with its sha256 option. It costs about a microsecond per 16-token block (see
+tests/test_prefix_hash.py for the measurement). `hash_algo="builtin"` keeps
+Python's hash for whoever prefers the speed. With either, a hit is also checked
+against the block's stored token ids, which catches a collision within a block
+but not one in a parent (the parent's tokens are not stored along the chain).
 """
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
 
 from minillm.engine.sequence import Sequence
+
+BlockHash = bytes | int  # sha256: a 32-byte digest; builtin: Python's int hash
+TokenIds = tuple[int, ...] | list[int]
 
 
 @dataclass
 class Block:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None  # set once the block is full and registered
+    block_hash: BlockHash | None = None  # set once the block is full and registered
     token_ids: tuple[int, ...] = ()  # content behind the hash, checked on a hit
 
 
@@ -34,26 +53,85 @@ class BlockEvents:
     allocated: list[int] = field(default_factory=list)
     freed: list[int] = field(default_factory=list)
     evicted: list[int] = field(default_factory=list)
-    shared: list[int] = field(default_factory=list)  # prefix-cache hits
+    shared: list[int] = field(default_factory=list)  # prefix-cache hits and shared parent blocks
     hit_tokens: int = 0
     queried_tokens: int = 0
 
 
-def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
-    return hash((parent, tokens))
+# ----- the chained block hash ---------------------------------------------------------------
+HASH_ALGOS = ("sha256", "builtin")  # the values of EngineConfig.prefix_caching_hash_algo
+
+# The parent of a sequence's first block: a fixed 32-byte marker, the same width as a digest, so
+# the message layout below is the same for every block. Only a sha256 preimage could forge it.
+ROOT_HASH = hashlib.sha256(b"minillm prefix cache: no parent block").digest()
+
+_packers: dict[int, struct.Struct] = {}
+
+
+def _packer(n: int) -> struct.Struct:
+    p = _packers.get(n)
+    if p is None:  # one compiled format per block length (in practice one: block_size)
+        p = _packers[n] = struct.Struct(f"<q{n}q")
+    return p
+
+
+def sha256_chain_hash(parent: bytes | None, tokens: TokenIds, extra_keys: tuple | None = None) -> bytes:
+    """sha256(parent digest | token count | token ids | extra keys), each field unambiguous.
+
+    The message: the parent's 32-byte digest (ROOT_HASH for the first block), the token count as
+    a little-endian int64, the ids as little-endian int64 (struct: the fastest of array, struct and
+    numpy measured), then, only when given, repr(extra_keys) (ints, strs, bytes and tuples of them
+    have a deterministic repr). The fixed-width parent and the count make every split unique.
+    """
+    n = len(tokens)
+    msg = (ROOT_HASH if parent is None else parent) + _packer(n).pack(n, *tokens)
+    if extra_keys is not None:
+        msg += repr(extra_keys).encode()
+    return hashlib.sha256(msg).digest()
+
+
+def builtin_chain_hash(parent: int | None, tokens: TokenIds, extra_keys: tuple | None = None) -> int:
+    """Python's hash: fast, 61 bits, not collision-resistant (the pre-sha256 behaviour)."""
+    key = (parent, tuple(tokens)) if extra_keys is None else (parent, tuple(tokens), extra_keys)
+    return hash(key)
+
+
+HASH_FUNCTIONS: dict[str, Callable[..., BlockHash]] = {"sha256": sha256_chain_hash, "builtin": builtin_chain_hash}
+
+
+def chain_hash(parent: BlockHash | None, tokens: TokenIds, extra_keys: tuple | None = None,
+               algo: str = "sha256") -> BlockHash:
+    """The hash of a full block given its parent block's hash (None for the first block)."""
+    return HASH_FUNCTIONS[algo](parent, tokens, extra_keys)
+
+
+def hash_chain(token_ids: TokenIds, block_size: int, algo: str = "sha256") -> list[BlockHash]:
+    """The hashes of every full block of `token_ids`, first block first."""
+    fn = HASH_FUNCTIONS[algo]
+    out: list[BlockHash] = []
+    parent = None
+    for i in range(len(token_ids) // block_size):
+        parent = fn(parent, tuple(token_ids[i * block_size : (i + 1) * block_size]))
+        out.append(parent)
+    return out
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 hash_algo: str = "sha256") -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV pool needs at least one block, got {num_blocks}")
+        if hash_algo not in HASH_FUNCTIONS:
+            raise ValueError(f"hash_algo must be one of {HASH_ALGOS}, got {hash_algo!r}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.hash_algo = hash_algo
+        self._hash = HASH_FUNCTIONS[hash_algo]
         self.blocks = [Block(i) for i in range(num_blocks)]
         # ref-count-0 blocks, next to be handed out first (LRU order); dict for O(1) removal on a hit
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.hash_to_block: dict[int, int] = {}
+        self.hash_to_block: dict[BlockHash, int] = {}
         self.events = BlockEvents()
 
     # ----- queries -------------------------------------------------------------
@@ -68,6 +146,10 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def hash_block(self, parent: BlockHash | None, tokens: TokenIds) -> BlockHash:
+        """This pool's chained hash of one full block (`hash_algo`), e.g. to check the cache."""
+        return self._hash(parent, tokens)
+
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Physical blocks holding this sequence's leading full blocks, if cached.
 
@@ -77,11 +159,11 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         hits: list[int] = []
-        parent: int | None = None
-        num_full = (seq.num_tokens - 1) // self.block_size
-        for i in range(num_full):
-            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
-            h = chain_hash(parent, tokens)
+        parent: BlockHash | None = None
+        bs = self.block_size
+        for i in range((seq.num_tokens - 1) // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = self._hash(parent, tokens)
             bid = self.hash_to_block.get(h)
             if bid is None or self.blocks[bid].token_ids != tokens:
                 break
@@ -98,19 +180,45 @@ class BlockManager:
         return new_blocks + revived <= self.num_free_blocks
 
     # ----- mutations -----------------------------------------------------------
+    def note_prefix_query(self, num_tokens: int) -> None:
+        """Count prompt tokens looked up in the prefix cache (the hit rate's denominator)."""
+        if self.enable_prefix_caching:
+            self.events.queried_tokens += num_tokens
+
     def take_cached_prefix(self, seq: Sequence, cached: list[int]) -> None:
         """Share the cached prefix blocks with `seq` and mark those tokens computed."""
         assert not seq.block_table and seq.num_computed_tokens == 0
         for bid in cached:
-            block = self.blocks[bid]
-            if block.ref_count == 0:
-                del self.free_queue[bid]
-            block.ref_count += 1
+            self._ref(bid)
             seq.block_table.append(bid)
-            seq.block_hashes.append(block.block_hash)
+            seq.block_hashes.append(self.blocks[bid].block_hash)
         self.events.shared.extend(cached)
         seq.num_computed_tokens = len(cached) * self.block_size
         self.events.hit_tokens += seq.num_computed_tokens
+
+    def share_prefix(self, child: Sequence, parent: Sequence, num_blocks: int) -> None:
+        """n > 1: `child` takes `parent`'s first `num_blocks` blocks (full, computed) and their hashes.
+
+        Works with prefix caching off too (the blocks are shared by reference, not found by hash).
+        The child's num_computed_tokens becomes num_blocks * block_size; the caller sets
+        num_cached_tokens.
+        """
+        assert not child.block_table and child.num_computed_tokens == 0, "child already holds blocks"
+        assert 0 <= num_blocks <= len(parent.block_table), "parent holds fewer blocks"
+        assert num_blocks * self.block_size <= parent.num_computed_tokens, "sharing uncomputed blocks"
+        shared = parent.block_table[:num_blocks]
+        for bid in shared:
+            self._ref(bid)
+        self.events.shared.extend(shared)
+        child.block_table = list(shared)
+        child.block_hashes = list(parent.block_hashes[:num_blocks])
+        child.num_computed_tokens = num_blocks * self.block_size
+
+    def _ref(self, bid: int) -> None:
+        block = self.blocks[bid]
+        if block.ref_count == 0:  # a cached block revived from the free queue
+            del self.free_queue[bid]
+        block.ref_count += 1
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         """Grow the block table so tokens up to num_computed + num_new_tokens have slots."""
@@ -136,11 +244,12 @@ class BlockManager:
         """After a step: give every newly completed block of `seq` its chained hash."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        bs = self.block_size
+        num_full = min(seq.num_computed_tokens, seq.num_tokens) // bs
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
         for i in range(len(seq.block_hashes), num_full):
-            parent = seq.block_hashes[-1] if seq.block_hashes else None
-            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
-            h = chain_hash(parent, tokens)
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = parent = self._hash(parent, tokens)
             seq.block_hashes.append(h)
             block = self.blocks[seq.block_table[i]]
             if block.block_hash is None and h not in self.hash_to_block:
@@ -148,20 +257,8 @@ class BlockManager:
                 self.hash_to_block[h] = block.block_id
 
     def free(self, seq: Sequence) -> None:
-        """Drop the sequence's references; tail blocks first so prefixes stay cached longest."""
-        for bid in reversed(seq.block_table):
-            block = self.blocks[bid]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"double free of block {bid}"
-            if block.ref_count == 0:
-                if block.block_hash is None:
-                    # nothing reusable inside: hand it out before cached blocks
-                    self.free_queue[bid] = None
-                    self.free_queue.move_to_end(bid, last=False)
-                else:
-                    self.free_queue[bid] = None
-                self.events.freed.append(bid)
-        seq.block_table = []
+        """Drop all the sequence's references (finish, abort, preemption); it restarts from scratch."""
+        self._release_tail(seq, 0)
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
@@ -169,29 +266,35 @@ class BlockManager:
         """Speculative rollback: free the blocks past the computed (accepted) tokens, tail first.
 
         Only lookahead blocks are dropped; they were allocated this step and never
-        registered, so no prefix hash can name a rejected token.
+        registered, so no prefix hash can name a rejected token. The sequence keeps
+        its hashes and computed tokens.
         """
         keep = self.blocks_needed(seq.num_computed_tokens)
-        while len(seq.block_table) > keep:
-            bid = seq.block_table.pop()
+        assert len(seq.block_hashes) <= keep, "trim would drop a registered block"
+        self._release_tail(seq, keep)
+
+    def _release_tail(self, seq: Sequence, keep: int) -> None:
+        """The one release path: drop seq's blocks past the first `keep`, tail first.
+
+        A block whose ref count reaches 0 enters the free queue: uncached (nothing reusable
+        inside) at the front, handed out next; cached at the back, so it survives longest.
+        Tail first, so a sequence's prefix blocks are the last of its cached blocks evicted.
+        """
+        table = seq.block_table
+        while len(table) > keep:
+            bid = table.pop()
             block = self.blocks[bid]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"double free of block {bid}"
             if block.ref_count == 0:
-                self.free_queue[bid] = None
                 if block.block_hash is None:
+                    self.free_queue[bid] = None
                     self.free_queue.move_to_end(bid, last=False)
                 self.events.freed.append(bid)
 
     def take_events(self) -> BlockEvents:
         ev, self.events = self.events, BlockEvents()
         return ev
-
-    def reset_prefix_cache(self) -> None:
-        for block in self.blocks:
-            if block.ref_count == 0 and block.block_hash is not None:
-                self.hash_to_block.pop(block.block_hash, None)
-                block.block_hash, block.token_ids = None, ()
 
     def check_invariants(self, live: list[Sequence]) -> None:
         """Ref counts equal the number of live block tables naming each block (tests use this)."""

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from minillm.metrics import latency as _latency
+
 
 @dataclass
 class CompletionOutput:
@@ -28,14 +30,12 @@ class RequestMetrics:
     @property
     def ttft(self) -> float | None:
         """Time to first token: arrival -> first output token."""
-        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+        return _latency.ttft(self.arrival_time, self.first_token_time)
 
     @property
     def tpot(self) -> float | None:
         """Time per output token after the first (mean inter-token latency)."""
-        if self.first_token_time is None or self.last_token_time is None or self.num_generated_tokens < 2:
-            return None
-        return (self.last_token_time - self.first_token_time) / (self.num_generated_tokens - 1)
+        return _latency.tpot(self.first_token_time, self.last_token_time, self.num_generated_tokens)
 
     @property
     def e2e_latency(self) -> float | None:

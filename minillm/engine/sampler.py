@@ -4,6 +4,10 @@ Greedy rows take the argmax. Other rows: divide by temperature, drop tokens
 outside top-k, outside the top-p nucleus and below min-p * max probability,
 then draw. A row with a seed draws from its own torch.Generator, so its output
 does not depend on what else was batched with it.
+
+Before any of that the engine may ban tokens per row (`ban_tokens`): until a
+request has min_tokens output tokens, EOS and its stop_token_ids get -inf
+(`min_tokens_bans` says which), so the model cannot end early.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]  # sampled token + top alternatives, when asked
 
 
-def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Apply temperature, top-k, top-p and min-p to [B, V] float logits (returns a new tensor)."""
     dev = logits.device
     temp = torch.tensor([p.temperature for p in params], device=dev, dtype=logits.dtype)
@@ -47,6 +51,40 @@ def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     return logits
 
 
+_filter = filter_logits  # the old private name, still imported by tests/test_sampling.py
+
+
+def min_tokens_bans(params: SamplingParams, num_output_tokens: int, eos_token_ids: set[int]) -> list[int]:
+    """Token ids the NEXT token must not be, given that `num_output_tokens` are already out.
+
+    Until the output holds `min_tokens` tokens, the tokens that would end it are masked
+    out of the logits: the EOS ids (unless ignore_eos: then EOS does not end anything)
+    and the request's stop_token_ids. This is what makes min_tokens real; checking
+    stop conditions later would let the model "say" EOS and carry on after it.
+    """
+    if num_output_tokens >= params.min_tokens:
+        return []
+    ids = [] if params.ignore_eos else sorted(eos_token_ids)
+    return list(dict.fromkeys(ids + list(params.stop_token_ids)))
+
+
+def ban_tokens(logits: torch.Tensor, banned: list[list[int]]) -> torch.Tensor:
+    """Set logits[i, banned[i]] = -inf in place for each row i of [B, V] logits; returns logits.
+
+    Ids outside [0, V) are skipped (a user's stop_token_ids may name ids the model
+    does not have). All lists empty, the usual case, costs no tensor op at all.
+    """
+    if not any(banned):
+        return logits
+    vocab = logits.shape[-1]
+    rows = [i for i, ids in enumerate(banned) for t in ids if 0 <= t < vocab]
+    cols = [t for ids in banned for t in ids if 0 <= t < vocab]
+    if rows:
+        idx = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
+        logits.index_put_(idx, torch.tensor(float("-inf"), device=logits.device, dtype=logits.dtype))
+    return logits
+
+
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> SampleResult:
@@ -56,7 +94,7 @@ def sample(
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         idx = torch.tensor(rows, device=logits.device)
-        probs = _filter(logits[idx], [params[i] for i in rows]).softmax(-1)
+        probs = filter_logits(logits[idx], [params[i] for i in rows]).softmax(-1)
         # Exponential race: argmax(p / E) with E ~ Exp(1) draws exactly from p.
         noise = torch.empty_like(probs)
         for j, i in enumerate(rows):

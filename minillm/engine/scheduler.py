@@ -6,6 +6,11 @@ knows how many of its tokens are already in the KV cache
 its remaining tokens, within a budget of `max_num_batched_tokens` tokens and
 `max_num_seqs` sequences. A decode is simply a chunk of one token.
 
+After the model ran, `update` does the step's bookkeeping: advance each
+sequence's computed tokens, register full blocks in the prefix cache, append
+the chosen tokens (stop checks live in Sequence.append_token), roll back
+rejected speculative slots, and free finished sequences' blocks.
+
 Order is first-come, first-served. Running sequences are served first; when
 the pool has no block for one of them, the most recently admitted running
 sequence is preempted (its blocks are freed and it will be recomputed from
@@ -16,47 +21,38 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from minillm.config import SchedulerConfig
+from minillm.engine.batch import PreemptionRecord, ScheduledBatch, ScheduledChunk
 from minillm.engine.block_manager import BlockManager
+from minillm.engine.config import EngineConfig
 from minillm.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass
-class ScheduledChunk:
-    seq: Sequence
-    num_new_tokens: int
-    num_computed_before: int
-    num_prefix_hit_tokens: int = 0  # taken from the prefix cache when admitted this step
-    num_lookahead: int = 0  # speculative decoding: extra slots (budget and KV) for draft tokens
+class ChosenTokens:
+    """What the sampler (or the speculative verifier) chose for one chunk that completed its sequence."""
 
-    @property
-    def completes(self) -> bool:
-        """After this chunk the sequence has caught up and the step samples its next token."""
-        return self.num_computed_before + self.num_new_tokens == self.seq.num_tokens
+    token_ids: list[int]  # accepted drafts, then one token of the target's own
+    logprobs: list[dict[int, float] | None]
+    num_accepted: int = 0  # leading draft tokens the target agreed with
 
 
 @dataclass
-class PreemptionRecord:
-    seq: Sequence
-    reason: str
-    num_blocks_freed: int
-    num_tokens_lost: int
+class StepUpdate:
+    """What `update` did, for the outputs and the trace."""
 
-
-@dataclass
-class SchedulerOutput:
-    chunks: list[ScheduledChunk] = field(default_factory=list)  # decodes first, then longer chunks
-    preempted: list[PreemptionRecord] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.chunks
+    sampled: list[bool] = field(default_factory=list)  # per chunk: did it produce tokens
+    emitted: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> tokens appended this step
+    finished: list[Sequence] = field(default_factory=list)
+    changed: list[Sequence] = field(default_factory=list)  # sequences whose output grew or ended
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int,
+                 eos_token_ids: set[int] | None = None) -> None:
         self.config = config
         self.bm = block_manager
+        self.max_model_len = max_model_len
+        self.eos_token_ids = set(eos_token_ids or ())
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.parked: list[Sequence] = []  # n > 1 siblings waiting for the first one's prompt
@@ -72,8 +68,20 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.parked)
 
-    def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.parked)
+
+    def _lookahead(self, seq: Sequence, budget_left: int) -> int:
+        """Draft slots worth reserving: none past the context length, none past max_tokens."""
+        if not self.num_lookahead_slots or seq.num_uncomputed_tokens != 1:
+            return 0
+        left = seq.max_tokens - seq.num_output_tokens - 1  # the verify step emits one token of its own
+        return max(0, min(self.num_lookahead_slots, budget_left, self.max_model_len - seq.num_tokens, left))
+
+    # ----- before the model runs ---------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        out = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledChunk] = []
 
@@ -82,7 +90,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
-            look = min(self.num_lookahead_slots, budget - n) if seq.num_uncomputed_tokens == 1 else 0
+            look = self._lookahead(seq, budget - n)
             if look and not self.bm.can_allocate(seq, n + look):
                 look = 0  # a tight pool: decode plainly rather than preempt for a guess
             while not self.bm.can_allocate(seq, n + look):
@@ -113,8 +121,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             before_hits = seq.num_computed_tokens
-            if fresh and self.bm.enable_prefix_caching:
-                self.bm.events.queried_tokens += seq.num_tokens
+            if fresh:
+                self.bm.note_prefix_query(seq.num_tokens)
             if cached:
                 self.bm.take_cached_prefix(seq, cached)
             if seq.first_scheduled_time is None:
@@ -129,7 +137,7 @@ class Scheduler:
         out.chunks = [c for c in scheduled if c.num_new_tokens == 1] + [c for c in scheduled if c.num_new_tokens != 1]
         return out
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput, reason: str) -> None:
+    def _preempt(self, seq: Sequence, out: ScheduledBatch, reason: str) -> None:
         self.running.remove(seq)
         nblocks, ntok = len(seq.block_table), seq.num_computed_tokens
         self.bm.free(seq)
@@ -137,6 +145,42 @@ class Scheduler:
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
         out.preempted.append(PreemptionRecord(seq, reason, nblocks, ntok))
+
+    # ----- after the model ran -------------------------------------------------------------
+    def update(self, batch: ScheduledBatch, chosen: list[ChosenTokens | None], start_time: float,
+               now: float) -> StepUpdate:
+        """Apply one step's results: chosen[i] is chunk i's tokens (None: a chunk that did not catch up)."""
+        up = StepUpdate()
+        for c, picked in zip(batch.chunks, chosen):
+            seq = c.seq
+            seq.num_computed_tokens += c.num_new_tokens
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = start_time
+            up.sampled.append(picked is not None)
+            self.bm.register_full_blocks(seq)
+            if picked is None:
+                continue
+            # accepted drafts' K/V are valid cache now (their ids are appended below);
+            # the last emitted token is not computed yet
+            seq.num_computed_tokens += picked.num_accepted
+            if c.num_lookahead:
+                self.bm.trim(seq)  # give back the slots of rejected (or never proposed) drafts
+            if seq.num_output_tokens == 0 and seq.index == 0:
+                self.release_children(seq)
+            emitted: list[int] = []
+            for tok, lp in zip(picked.token_ids, picked.logprobs):
+                emitted.append(tok)
+                reason = seq.append_token(tok, lp, now, self.eos_token_ids, self.max_model_len)
+                if reason is not None:
+                    seq.finish_reason, seq.finish_time = reason, now
+                    self.finish(seq)
+                    up.finished.append(seq)
+                    break
+            if picked.num_accepted and not seq.is_finished:
+                self.bm.register_full_blocks(seq)
+            up.emitted[seq.seq_id] = emitted
+            up.changed.append(seq)
+        return up
 
     def release_children(self, parent: Sequence) -> None:
         """The parent's prompt is cached: its n-1 siblings may start and share those blocks."""
@@ -149,13 +193,7 @@ class Scheduler:
             child.wait_for_parent = None
             # Share the parent's full prompt blocks directly (works with prefix caching off too);
             # the partial last block is recomputed by the child's own short prefill.
-            take = min(full, (child.num_tokens - 1) // self.bm.block_size)
-            for bid in parent.block_table[:take]:
-                self.bm.blocks[bid].ref_count += 1
-                self.bm.events.shared.append(bid)
-            child.block_table = list(parent.block_table[:take])
-            child.block_hashes = list(parent.block_hashes[:take])
-            child.num_computed_tokens = take * self.bm.block_size
+            self.bm.share_prefix(child, parent, min(full, (child.num_tokens - 1) // self.bm.block_size))
             child.num_cached_tokens = child.num_computed_tokens
             self.waiting.appendleft(child)
 

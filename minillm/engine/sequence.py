@@ -1,4 +1,9 @@
-"""A sequence: one completion being generated, and the bookkeeping the scheduler needs."""
+"""A sequence: one completion being generated, and the bookkeeping the scheduler needs.
+
+After each step the scheduler appends the chosen tokens here (`append_token`),
+which also decides whether the sequence is done: an EOS or stop token, a stop
+string (found by the incremental detokenizer), max_tokens, or the context length.
+"""
 from __future__ import annotations
 
 import enum
@@ -6,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minillm.engine.detokenizer import IncrementalDetokenizer
 from minillm.sampling_params import SamplingParams
 
 
@@ -24,6 +30,7 @@ class Sequence:
     num_prompt_tokens: int
     params: SamplingParams
     arrival_time: float
+    max_tokens: int = 2**31  # effective output limit: params.max_tokens clipped to the context and the pool
     status: SequenceStatus = SequenceStatus.WAITING
     # Tokens whose K/V are in the cache. The scheduler gives each step a chunk
     # that brings this closer to len(token_ids): a prefill chunk, or 1 decode token.
@@ -38,10 +45,43 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finish_time: float | None = None
-    output_text: str = ""
+    detokenizer: IncrementalDetokenizer | None = None  # None: no tokenizer, token ids only
     logprobs: list[dict[int, float]] = field(default_factory=list)
     generator: torch.Generator | None = None
     wait_for_parent: "Sequence | None" = None  # n > 1: start once the parent's prompt is cached
+
+    @property
+    def output_text(self) -> str:
+        return self.detokenizer.text if self.detokenizer is not None else ""
+
+    def visible_text(self) -> str:
+        """What a client may see now: never text a stop string could still cut (see detokenizer.py)."""
+        if self.detokenizer is None:
+            return ""
+        return self.detokenizer.visible_text(self.is_finished)
+
+    def append_token(self, token: int, logprob: dict[int, float] | None, now: float,
+                     eos_token_ids: set[int], max_model_len: int) -> str | None:
+        """Append one generated token; returns the finish reason ("stop" / "length") or None."""
+        self.token_ids.append(token)
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.last_token_time = now
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        p = self.params
+        stop_string = self.detokenizer.append(token) if self.detokenizer is not None else None
+        # before min_tokens the sampler bans EOS and stop ids (sampler.min_tokens_bans)
+        if self.num_output_tokens >= p.min_tokens and (
+                (not p.ignore_eos and token in eos_token_ids) or token in p.stop_token_ids):
+            self.stop_reason = token
+            return "stop"
+        if stop_string is not None:
+            self.stop_reason = stop_string
+            return "stop"
+        if self.num_output_tokens >= self.max_tokens or self.num_tokens >= max_model_len:
+            return "length"
+        return None
 
     @property
     def num_tokens(self) -> int:

@@ -12,16 +12,15 @@ next token, and the top-1 token) so the [tokens, vocab] logits never pile up.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from minillm.attention.metadata import AttentionMetadata
-from minillm.config import CacheConfig
-from minillm.engine.model_runner import ModelRunner, plan_kv_cache
+from minillm.engine.batch import StepBatch
+from minillm.engine.config import EngineConfig
+from minillm.engine.model_runner import ModelRunner
 from minillm.models.llama import LlamaForCausalLM
 
 
@@ -39,14 +38,10 @@ class TokenScores:
         return math.exp(self.nll.mean().item())
 
 
-def cache_config(block_size: int, num_blocks: int, kv_cache_dtype: str = "auto") -> CacheConfig:
-    """A CacheConfig with the requested KV dtype (the field exists once KV quantization is built in)."""
-    kw: dict = dict(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=False)
-    if kv_cache_dtype != "auto":
-        if "kv_cache_dtype" not in {f.name for f in dataclasses.fields(CacheConfig)}:
-            raise ValueError("this engine has no KV cache quantization (CacheConfig.kv_cache_dtype)")
-        kw["kv_cache_dtype"] = kv_cache_dtype
-    return CacheConfig(**kw)
+def engine_config(block_size: int, num_blocks: int, kv_cache_dtype: str = "auto") -> EngineConfig:
+    """The pool of the scoring runner: a fixed number of blocks, the requested KV dtype, no prefix cache."""
+    return EngineConfig(block_size=block_size, num_kv_blocks=num_blocks, enable_prefix_caching=False,
+                        kv_cache_dtype=kv_cache_dtype, attention_backend="torch")
 
 
 def windows(token_ids: list[int], context_len: int, max_windows: int | None = None) -> torch.Tensor:
@@ -72,29 +67,34 @@ def score_windows(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     n, ctx = wins.shape
     per_seq = -(-ctx // block_size)
-    device = model.embed_tokens.weight.device
-    spec = plan_kv_cache(model, cache_config(block_size, n * per_seq, kv_cache_dtype), device)
     # built outside inference mode: the runner may re-lay the model's weights (K-major on CPU), and
     # inference-mode tensors could not be updated in place later (AWQ folds its scales into them)
-    runner = ModelRunner(model, spec, "torch")
+    runner = ModelRunner(model, engine_config(block_size, n * per_seq, kv_cache_dtype))
     with torch.inference_mode():
-        return _score(model, runner, wins, chunk_size, block_size, per_seq, on_logits)
+        return _score(model, runner, wins, chunk_size, per_seq, on_logits)
 
 
-def _score(model, runner, wins, chunk_size, block_size, per_seq, on_logits) -> TokenScores:
+def _score(model, runner: ModelRunner, wins, chunk_size, per_seq, on_logits) -> TokenScores:
     n, ctx = wins.shape
     device = model.embed_tokens.weight.device
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(n)]
+    rows = wins.tolist()
     nll = torch.empty(n, ctx - 1, dtype=torch.float64)
     top1 = torch.empty(n, ctx - 1, dtype=torch.long)
-    runner.attach()
     for start in range(0, ctx, chunk_size):
         end = min(ctx, start + chunk_size)
         m = end - start
-        meta = AttentionMetadata.build([m] * n, [end] * n, tables, block_size, device)
-        ids = wins[:, start:end].reshape(-1).to(device)
-        pos = torch.arange(start, end, device=device).repeat(n)
-        logits = model.compute_logits(model.forward(ids, pos, meta)).view(n, m, -1)
+        # every window advances by the same chunk; logits at every row (teacher forcing)
+        batch = StepBatch(
+            token_ids=[t for r in rows for t in r[start:end]],
+            positions=list(range(start, end)) * n,
+            query_lens=[m] * n,
+            seq_lens=[end] * n,
+            block_tables=tables,
+            logit_rows=list(range(n * m)),
+            chunk_logits=[(i * m, m) for i in range(n)],
+        )
+        logits = runner.execute(batch).view(n, m, -1)
         if on_logits is not None:
             on_logits(logits)
         # position t predicts token t + 1; the window's last position has no target

@@ -8,6 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from minillm.engine.trace import StepTrace
+from minillm.metrics import latency as _latency
 from minillm.roofline.steps import RoofPair, roofline_summary, trace_roofline
 
 
@@ -25,13 +26,14 @@ class RequestTimeline:
 
     @property
     def ttft(self) -> float | None:
-        return self.token_times[0] - self.arrival_time if self.token_times else None
+        """Time to first token (see minillm.metrics.latency.ttft)."""
+        return _latency.ttft(self.arrival_time, self.token_times[0] if self.token_times else None)
 
     @property
     def tpot(self) -> float | None:
-        if len(self.token_times) < 2:
-            return None
-        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+        """Time per output token after the first (see minillm.metrics.latency.tpot)."""
+        tt = self.token_times
+        return _latency.tpot(tt[0] if tt else None, tt[-1] if tt else None, len(tt))
 
     @property
     def inter_token_latencies(self) -> list[float]:

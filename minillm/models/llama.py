@@ -33,9 +33,12 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        # Set by the model runner: this layer's slice of the paged KV pool and the backend.
+        # Bound by the KV pool (engine/kv_cache.py): this layer's slice of the paged cache,
+        # its per-token-per-head scales when the cache is int8/fp8 (else None), and the backend.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -49,8 +52,8 @@ class Attention(nn.Module):
             qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), dim=1)
         qk = RotaryEmbedding.apply(qk, *rope)  # cos/sin come from the model's one table (lookup, once a step)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        assert self.backend is not None, "the model runner must attach an attention backend"
-        o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
+        assert self.backend is not None, "the KV pool must be bound first (KVCachePool.bind)"
+        o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale, self.k_scale, self.v_scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
 

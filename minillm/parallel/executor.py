@@ -1,142 +1,219 @@
-"""Rank 0's side of tensor parallelism: the engine calls it exactly like ModelRunner.run.
+"""Rank 0's side of a model split over processes: the Executor the engine calls when world_size > 1.
 
-    engine.runner = TPExecutor(model, TensorParallelConfig(size=3), cache_config, "torch")
-    result = engine.runner.run(chunks)     # broadcast the batch, forward on all ranks, sample here
+    executor = make_parallel_executor(model, config)   # model: rank 0's loaded full model, sharded in place
+    logits = executor.execute(step_batch)               # broadcast, forward on every rank; rank 0's logits
+    executor.take_comm_stats(); executor.close()
+
+Two executors, one base (MultiprocExecutor: start, health, close):
+
+    TensorParallelExecutor    every layer split over N ranks (shard.py); each rank runs ModelRunner.execute
+                              on its shard, the collectives inside the model line the ranks up
+    PipelineParallelExecutor  the layers split into N stages (pipeline.py); forward_pipeline
 
 Rank 0 lives in the front-end process: it runs the scheduler, block manager and
 sampler as with one rank, so continuous batching, prefix caching and chunked
 prefill do not change -- every rank's KV pool has the same block count and the
 broadcast block tables index all of them alike.
 
-With `pipeline=True` the same executor drives pipeline stages (pipeline.py):
-each worker keeps some layers instead of a slice of every layer.
+Starting the workers: "fork" on Linux while CUDA is not initialised in this process
+(as vLLM does), else "spawn". Fork does not re-import the main module, so a script
+that builds `LLM(tensor_parallel_size=2)` at its top level, with no
+`if __name__ == "__main__":` guard, works; under spawn each worker re-runs that
+top level, and the executor then stops with a TensorParallelError saying to add
+the guard. Fork is made safe for torch's OpenMP thread pool by releasing the pool
+just before forking (see `_release_openmp_pool`).
 
 Failure handling: before each step rank 0 checks the workers are alive; inside
 a step, gloo raises when a peer's socket closes (a dead worker) or when rank 0
-waits longer than `timeout_s` (a hung one). Either way the front end gets a
-TensorParallelError naming the rank, and the executor refuses further steps.
+waits longer than `distributed_timeout_s` (a hung one). Either way the front end gets
+a TensorParallelError naming the rank, and the executor refuses further steps.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
+import sys
 import time
 import weakref
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from minillm.config import CacheConfig
-from minillm.engine.model_runner import ModelRunner, plan_kv_cache
-from minillm.engine.sampler import SampleResult, sample
-from minillm.engine.scheduler import ScheduledChunk
+from minillm.engine.batch import StepBatch
+from minillm.engine.config import EngineConfig
+from minillm.engine.executor import Executor
+from minillm.engine.kv_cache import plan_kv_cache
+from minillm.engine.model_runner import ModelRunner
 from minillm.parallel import comm
-from minillm.parallel.batch import StepBatch, forward_batch
 from minillm.parallel.group import destroy_group, free_port, init_group
-from minillm.parallel.pipeline import check_pp_size, forward_pipeline, shard_pipeline
-from minillm.parallel.shard import check_tp_size, shard_model
-from minillm.parallel.worker import WorkerArgs, worker_main
+from minillm.parallel.pipeline import check_pp_size, forward_pipeline
+from minillm.parallel.shard import check_tp_size
+from minillm.parallel.worker import PIPELINE, TENSOR, WorkerArgs, shard_for, worker_main
+
+# None: choose (fork where safe, else spawn); "fork" / "spawn" / "forkserver" to force one (tests, debugging)
+START_METHOD: str | None = None
+# A spawned worker that re-ran an unguarded script up to LLM(...) exits with this code (see _refuse_unguarded_main)
+EXIT_UNGUARDED_MAIN = 87
+UNGUARDED_MAIN_HELP = (
+    "the worker processes are started with 'spawn' ({why}), which runs the main script's top level again "
+    "in every worker, and this script builds the LLM there. Put the LLM construction under\n"
+    '    if __name__ == "__main__":\n'
+    "(see https://docs.python.org/3/library/multiprocessing.html#the-spawn-and-forkserver-start-methods)"
+)
 
 
 class TensorParallelError(RuntimeError):
-    """A worker died, hung, or failed to start; the tensor-parallel engine cannot continue."""
+    """A worker died, hung, or failed to start; the tensor/pipeline-parallel engine cannot continue."""
 
 
-@dataclass
-class TensorParallelConfig:
-    size: int
-    model: str | None = None  # what each worker passes to load_model (None: the default model)
-    dtype: torch.dtype = torch.float32
-    timeout_s: float = 60.0  # rank 0's longest wait in a collective before calling a worker hung
-    startup_timeout_s: float = 600.0  # loading the model in every worker
-    worker_threads: int | None = None  # default: the CPU cores shared evenly among ranks
-    pipeline: bool = False  # split the layers into stages (pipeline.py) instead of splitting every layer
+# ----- how workers are started --------------------------------------------------------------
+def _openmp_runtime() -> ctypes.CDLL | None:
+    """GNU libgomp as loaded in this process (torch's wheels bundle it), or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libgomp" in line and "/" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path)  # already loaded: the same handle, nothing new initialised
+        except OSError:
+            continue
+    return None
 
 
-class TPExecutor:
-    def __init__(
-        self, model, config: TensorParallelConfig, cache_config: CacheConfig, attention_backend: str = "torch"
-    ) -> None:
-        if config.size < 2:
-            raise ValueError("TPExecutor is for tensor_parallel_size >= 2 (one rank uses ModelRunner)")
-        (check_pp_size if config.pipeline else check_tp_size)(model.config, config.size)  # before spawning
+def _release_openmp_pool() -> bool:
+    """Make fork safe for OpenMP: stop this thread's libgomp worker threads; True if fork is now safe.
+
+    libgomp has no fork handler (GCC bug 60035): a child forked after the parent ran a parallel
+    region with > 1 thread inherits a pool that says its threads exist, and its first parallel
+    region (a matmul, an elementwise op on a large tensor) waits for them forever. Measured here
+    (torch 2.13 CPU, libgomp): parent ran a 2-thread matmul, child set 2 threads -> hangs on its
+    first matmul; with omp_pause_resource_all() called before fork the child runs, starting a
+    thread pool of its own. This process's next parallel region starts a new pool (thread
+    creation: microseconds). torch's own at-fork handlers cover its inter-op pool, not OpenMP.
+    """
+    lib = _openmp_runtime()
+    if lib is None:
+        # no libgomp: torch's native pool (torch resets it in a forked child), or Intel/LLVM
+        # OpenMP (libiomp5 / libomp), which re-initialise themselves after fork
+        return True
+    try:
+        pause = lib.omp_pause_resource_all  # OpenMP 5.0, libgomp since GCC 9
+    except AttributeError:
+        return False
+    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+    return pause(1) == 0  # omp_pause_soft; nonzero: called inside a parallel region
+
+
+def worker_start_method() -> tuple[str, str]:
+    """(start method, why): fork on Linux while CUDA is not initialised here, else spawn."""
+    if START_METHOD is not None:
+        return START_METHOD, f"minillm.parallel.executor.START_METHOD = {START_METHOD!r}"
+    if not sys.platform.startswith("linux"):
+        return "spawn", f"fork is not safe on {sys.platform}"
+    if torch.cuda.is_initialized():
+        return "spawn", "CUDA is initialised in this process, and a forked child cannot use it"
+    return "fork", "Linux, CUDA not initialised"
+
+
+def _refuse_unguarded_main() -> None:
+    """In a spawned worker that is re-running the user's script: stop here, before any process starts.
+
+    multiprocessing would raise its "bootstrapping phase" RuntimeError a moment later; exiting
+    with a known code lets rank 0 tell the user what to change.
+    """
+    if getattr(mp.current_process(), "_inheriting", False):
+        print(f"minillm: this spawned worker re-ran the main script up to LLM(...); exiting. "
+              f"Put the LLM construction under `if __name__ == \"__main__\":`", file=sys.stderr, flush=True)
+        sys.exit(EXIT_UNGUARDED_MAIN)
+
+
+# ----- rank 0 --------------------------------------------------------------------------------
+class MultiprocExecutor(Executor):
+    """Rank 0 plus N-1 worker processes: start, health checks, the step's broadcast, close."""
+
+    mode: str  # worker.TENSOR or worker.PIPELINE
+    what = "parallel"  # in messages
+
+    @staticmethod
+    def check_size(cfg, size: int) -> None:
+        raise NotImplementedError
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor | None:
+        """Rank 0's part of the step (the workers run the same on their part)."""
+        raise NotImplementedError
+
+    def __init__(self, model, config: EngineConfig) -> None:
+        _refuse_unguarded_main()
+        size = config.world_size
+        if size < 2:
+            raise ValueError(f"{type(self).__name__} is for 2 or more ranks (one rank uses ModelRunner)")
+        self.check_size(model.config, size)  # before starting anything
         if dist.is_initialized():
             raise RuntimeError(
                 "a torch.distributed process group already exists in this process: one tensor-parallel "
                 "engine per process at a time (close() the other LLM first)")
         self.config = config
-        self.size = config.size
+        self.size = size
         self._error: str | None = None
         self._closed = False
         device = model.embed_tokens.weight.device
-        if device.type == "cuda" and torch.cuda.device_count() < config.size:
-            raise ValueError(f"tensor_parallel_size={config.size} needs one GPU per rank; "
-                             f"{torch.cuda.device_count()} visible")
+        if device.type == "cuda" and torch.cuda.device_count() < size:
+            raise ValueError(f"{self.what} size {size} needs one GPU per rank; {torch.cuda.device_count()} visible")
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL's object collectives use the current device
-        threads = config.worker_threads or max(1, (os.cpu_count() or 1) // config.size)
+        threads = config.worker_threads or max(1, (os.cpu_count() or 1) // size)
         port = free_port()
-        ctx = mp.get_context("spawn")
+        method, self._start_why = worker_start_method()
+        if method == "fork" and not _release_openmp_pool():
+            method, self._start_why = "spawn", "the OpenMP thread pool could not be released before fork"
+        self.start_method = method
+        ctx = mp.get_context(method)
         self._status = ctx.Queue()
         self.workers = []
-        for rank in range(1, config.size):
+        for rank in range(1, size):
             dev = f"cuda:{rank}" if device.type == "cuda" else "cpu"
-            args = WorkerArgs(rank, config.size, port, config.model, config.dtype, dev, attention_backend,
-                              cache_config, threads, config.pipeline)
-            p = ctx.Process(target=worker_main, args=(args, self._status), daemon=True, name=f"minillm-tp{rank}")
+            args = WorkerArgs(rank, port, dev, self.mode, threads, config)
+            p = ctx.Process(target=worker_main, args=(args, self._status), daemon=True,
+                            name=f"minillm-{self.mode}{rank}")
             p.start()
             self.workers.append(p)
         # from here on, whatever happens, the workers must not outlive this object: the
         # finalizer runs if it is garbage-collected unclosed, or at interpreter exit
         self._finalizer = weakref.finalize(self, _reap, self.workers)
         try:
-            (shard_pipeline if config.pipeline else shard_model)(model, 0, config.size)
-            self._wait_loaded(config.startup_timeout_s)
-            init_group(0, config.size, port, device, config.timeout_s)
-            spec = plan_kv_cache(model, cache_config, device)
-            dist.broadcast_object_list([spec.num_blocks], src=0)
-            self.runner = ModelRunner(model, spec, attention_backend)
+            shard_for(self.mode)(model, 0, size)
+            self._wait_loaded(config.distributed_startup_timeout_s)
+            init_group(0, size, port, device, config.distributed_timeout_s)
+            self.plan = plan_kv_cache(model, config, device)
+            dist.broadcast_object_list([self.plan.num_blocks], src=0)
+            self.runner = ModelRunner(model, config, self.plan)
         except BaseException:
             self._kill_workers()
             destroy_group()
             self._finalizer.detach()
             raise
+        self.device = self.runner.device
         comm.STATS.take()
 
-    # ----- ModelRunner's interface --------------------------------------------------------
-    @property
-    def model(self):
-        return self.runner.model
-
-    @property
-    def spec(self):
-        return self.runner.spec
-
-    @property
-    def device(self) -> torch.device:
-        return self.runner.device
-
-    @property
-    def backend(self):
-        return self.runner.backend
-
+    # ----- the Executor interface ---------------------------------------------------------
     @property
     def kv_cache_bytes(self) -> int:
-        """Rank 0's pool; every rank holds one of the same size."""
+        """Rank 0's pool (tensor parallel: every rank holds one of the same size)."""
         return self.runner.kv_cache_bytes
 
     def attach(self) -> None:
         self.runner.attach()
 
-    def run(self, chunks: list[ScheduledChunk]) -> SampleResult | None:
-        """Broadcast the step, forward on every rank, sample on rank 0."""
+    def execute(self, batch: StepBatch) -> torch.Tensor | None:
+        """Broadcast the step, run it on every rank; the logits of batch.logit_rows, here on rank 0."""
         self._check_usable()
-        batch = StepBatch.from_chunks(chunks)
         try:
             dist.broadcast_object_list([batch], src=0)
-            logits = (forward_pipeline if self.config.pipeline else forward_batch)(self.runner, batch)
+            return self._forward(batch)
         except RuntimeError as e:  # gloo: a peer closed its socket, or the wait timed out
             raise self._fail(f"a collective failed: {e}") from e
         except BaseException as e:
@@ -145,13 +222,9 @@ class TPExecutor:
             self._error = f"rank 0 left a step half-done ({type(e).__name__}); the workers were stopped"
             self._kill_workers()
             raise
-        if logits is None:
-            return None
-        seqs = [c.seq for c in chunks if c.completes]
-        return sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
 
     def take_comm_stats(self) -> comm.CommStats:
-        """Bytes all-reduced / all-gathered (and time) since the last call: one step's worth."""
+        """Bytes all-reduced / all-gathered / sent (and time) since the last call: one step's worth."""
         return comm.STATS.take()
 
     # ----- life and death --------------------------------------------------------------------
@@ -162,16 +235,20 @@ class TPExecutor:
             try:
                 rank, what, info = self._status.get(timeout=0.2)
             except queue.Empty:
+                if any(p.exitcode == EXIT_UNGUARDED_MAIN for p in self.workers):
+                    raise TensorParallelError(
+                        f"{self.what} workers could not start: "
+                        + UNGUARDED_MAIN_HELP.format(why=self._start_why)) from None
                 dead = self._dead_workers()
                 if dead:
                     raise TensorParallelError(
-                        f"tensor-parallel worker {dead} exited while loading the model{self._worker_errors()}")
+                        f"{self.what} worker {dead} exited while loading the model{self._worker_errors()}")
                 if time.monotonic() > deadline:
                     raise TensorParallelError(
-                        f"tensor-parallel workers {sorted(pending)} did not load the model within {timeout_s:.0f} s")
+                        f"{self.what} workers {sorted(pending)} did not load the model within {timeout_s:.0f} s")
                 continue
             if what == "error":
-                raise TensorParallelError(f"tensor-parallel worker rank {rank} failed to start:\n{info}")
+                raise TensorParallelError(f"{self.what} worker rank {rank} failed to start:\n{info}")
             pending.discard(rank)
 
     def _dead_workers(self) -> str:
@@ -180,11 +257,10 @@ class TPExecutor:
 
     def _check_usable(self) -> None:
         if self._error is not None:
-            raise TensorParallelError(f"the tensor-parallel engine is down: {self._error}")
+            raise TensorParallelError(f"the {self.what} engine is down: {self._error}")
         if self._closed:
-            raise TensorParallelError("the tensor-parallel engine was closed")
-        dead = self._dead_workers()
-        if dead:
+            raise TensorParallelError(f"the {self.what} engine was closed")
+        if self._dead_workers():
             raise self._fail("worker exited")
 
     def _fail(self, what: str) -> TensorParallelError:
@@ -192,9 +268,9 @@ class TPExecutor:
         dead = self._dead_workers()
         tail = self._worker_errors(last_line_only=True)
         if dead:
-            self._error = f"tensor-parallel worker {dead} died ({what}){tail}"
+            self._error = f"{self.what} worker {dead} died ({what}){tail}"
         else:
-            self._error = (f"a tensor-parallel worker did not answer within {self.config.timeout_s:.0f} s "
+            self._error = (f"a {self.what} worker did not answer within {self.config.distributed_timeout_s:.0f} s "
                            f"(hung?) ({what}){tail}")
         self._kill_workers()
         return TensorParallelError(self._error)
@@ -232,6 +308,37 @@ class TPExecutor:
         self._kill_workers()
         destroy_group()
         self._finalizer.detach()
+
+
+class TensorParallelExecutor(MultiprocExecutor):
+    """Every layer split over the ranks (shard.py); each rank runs the ordinary forward on its shard."""
+
+    mode = TENSOR
+    what = "tensor-parallel"
+    check_size = staticmethod(check_tp_size)
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor | None:
+        return self.runner.execute(batch)  # the all-reduces and the logits' all-gather line the ranks up
+
+
+class PipelineParallelExecutor(MultiprocExecutor):
+    """The layers split into stages (pipeline.py); rank 0 embeds, runs stage 0 and receives the logits."""
+
+    mode = PIPELINE
+    what = "pipeline-parallel"
+    check_size = staticmethod(check_pp_size)
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor | None:
+        return forward_pipeline(self.runner, batch)
+
+
+def make_parallel_executor(model, config: EngineConfig) -> MultiprocExecutor:
+    """The executor for config's tensor_parallel_size or pipeline_parallel_size (> 1; they do not combine)."""
+    if config.pipeline_parallel_size > 1:
+        return PipelineParallelExecutor(model, config)
+    if config.tensor_parallel_size > 1:
+        return TensorParallelExecutor(model, config)
+    raise ValueError("make_parallel_executor needs tensor_parallel_size or pipeline_parallel_size > 1")
 
 
 def _reap(workers) -> None:

@@ -1,7 +1,6 @@
 """Process-group setup: gloo on CPU, NCCL on CUDA; a free localhost port or torchrun's env."""
 from __future__ import annotations
 
-import os
 import socket
 from datetime import timedelta
 
@@ -19,10 +18,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def launched_by_torchrun() -> bool:
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def init_group(rank: int, world_size: int, port: int | None, device: torch.device, timeout_s: float) -> None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from minillm.attention.metadata import AttentionMetadata
 from minillm.config import ModelConfig
+from minillm.engine.batch import StepBatch
 from minillm.parallel import comm
 
 
@@ -73,12 +73,18 @@ def shard_pipeline(model: nn.Module, rank: int, size: int) -> nn.Module:
 
 
 @torch.inference_mode()
-def forward_pipeline(runner, batch) -> torch.Tensor | None:
-    """Every rank: receive the hidden state, run this stage's layers, pass it on; rank 0 gets the logits."""
+def forward_pipeline(runner, batch: StepBatch) -> torch.Tensor | None:
+    """Every rank: receive the hidden state, run this stage's layers, pass it on; rank 0 gets the logits.
+
+    `runner` is the rank's ModelRunner (its stage's layers and KV pool). Returns, on rank 0, the
+    logits of batch.logit_rows (what ModelRunner.execute returns with one rank); None elsewhere.
+    """
     runner.attach()
-    model, dev = runner.model, runner.device
+    model, dev, plan = runner.model, runner.device, runner.plan
     st: PipelineStage = model.pp_stage
-    meta = AttentionMetadata.build(batch.query_lens, batch.seq_lens, batch.block_tables, runner.spec.block_size, dev)
+    meta = batch.attention_metadata(plan.block_size, dev)
+    # as ModelRunner.execute does: the step's shared attention state (decode slots), once for all layers
+    runner.backend.prepare(meta, plan.block_size, model.config.num_key_value_heads, plan.quantized)
     rope = model.rotary.lookup(torch.tensor(batch.positions, device=dev))
     shape = (len(batch.token_ids), model.config.hidden_size)
     if st.first:
@@ -91,12 +97,12 @@ def forward_pipeline(runner, batch) -> torch.Tensor | None:
     if not st.last:
         comm.send(x, st.rank + 1)
         comm.send(residual, st.rank + 1)
-    rows = len(batch.sample_rows)
+    rows = len(batch.logit_rows)
     if not rows:
         return None
     if st.last:
         x, _ = model.norm(x, residual)
-        logits = model.compute_logits(x[torch.tensor(batch.sample_rows, device=dev)])
+        logits = model.compute_logits(x[torch.tensor(batch.logit_rows, device=dev)])
         comm.send(logits, 0)  # rank 0 samples
         return None
     if st.first:

@@ -1,12 +1,13 @@
-"""Ranks 1..N-1: load the model, keep one shard, own a paged KV pool, run every step rank 0 broadcasts.
+"""Ranks 1..N-1: load the model, keep one shard (or one pipeline stage), own a paged KV pool, run every step.
 
-Started by the executor with torch.multiprocessing's spawn (a fresh interpreter:
-CUDA and forked BLAS thread pools do not survive fork). Startup problems go
-back through a queue as text, so the front end can show the worker's traceback.
+Started by the executor (executor.py) with "fork" where that is safe, else "spawn"
+(see `worker_start_method` there). Each worker gets rank 0's EngineConfig -- the
+model to load, its dtype, the KV cache settings, the attention backend -- plus its
+rank, the process group's port, its device and the mode. Startup problems go back
+through a queue as text, so the front end can show the worker's traceback.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import traceback
 from dataclasses import dataclass
@@ -14,57 +15,77 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from minillm.config import CacheConfig
+from minillm.engine.config import EngineConfig
 
 # A worker waits for rank 0's next step for as long as the front end idles (a notebook
 # may sit for hours), so its own timeout is long; rank 0's short timeout catches hangs.
 # If rank 0 dies, its sockets close and the worker's wait fails at once.
 WORKER_TIMEOUT_S = 7 * 24 * 3600.0
 
+TENSOR, PIPELINE = "tensor", "pipeline"  # every layer split over the ranks / the layers split into stages
+
 
 @dataclass
 class WorkerArgs:
     rank: int
-    world_size: int
     port: int
-    model: str | None  # what load_model() takes; None = the default model
-    dtype: torch.dtype
     device: str  # e.g. "cpu" or "cuda:1"
-    attention_backend: str
-    cache_config: CacheConfig
-    num_threads: int
-    pipeline: bool = False  # a pipeline stage (pipeline.py) rather than a tensor-parallel shard
+    mode: str  # TENSOR or PIPELINE
+    num_threads: int  # torch intra-op threads of this process
+    config: EngineConfig  # rank 0's: the same model, dtype, KV cache and attention backend everywhere
+
+
+def shard_for(mode: str):
+    """The function that turns a loaded full model into rank r's part, in place: f(model, rank, size)."""
+    if mode == TENSOR:
+        from minillm.parallel.shard import shard_model
+
+        return shard_model
+    if mode == PIPELINE:
+        from minillm.parallel.pipeline import shard_pipeline
+
+        return shard_pipeline
+    raise ValueError(f"unknown parallel mode {mode!r}")
+
+
+def run_step(mode: str, runner, batch):
+    """One step on this rank: a tensor-parallel shard runs the ordinary forward (its collectives line
+    the ranks up), a pipeline stage receives, runs its layers and passes on."""
+    if mode == TENSOR:
+        return runner.execute(batch)
+    from minillm.parallel.pipeline import forward_pipeline
+
+    return forward_pipeline(runner, batch)
 
 
 def worker_main(args: WorkerArgs, status) -> None:
     """Entry point of a worker process. `status` is a multiprocessing queue back to rank 0."""
     try:
-        from minillm.engine.model_runner import ModelRunner, plan_kv_cache
+        from minillm.engine.kv_cache import plan_kv_cache
+        from minillm.engine.model_runner import ModelRunner
         from minillm.loader import load_model
-        from minillm.parallel.batch import forward_batch
         from minillm.parallel.group import init_group
-        from minillm.parallel.pipeline import forward_pipeline, shard_pipeline
-        from minillm.parallel.shard import shard_model
 
+        config = args.config
         torch.set_num_threads(args.num_threads)
         device = torch.device(args.device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        shard = shard_pipeline if args.pipeline else shard_model
-        forward = forward_pipeline if args.pipeline else forward_batch
-        model = shard(load_model(args.model, dtype=args.dtype, device=device).model, args.rank, args.world_size)
+        loaded = load_model(config.model, dtype=config.torch_dtype, device=device)
+        model = shard_for(args.mode)(loaded.model.eval(), args.rank, config.world_size)
+        del loaded
         status.put((args.rank, "loaded", os.getpid()))
-        init_group(args.rank, args.world_size, args.port, device, WORKER_TIMEOUT_S)
+        init_group(args.rank, config.world_size, args.port, device, WORKER_TIMEOUT_S)
         box = [None]
         dist.broadcast_object_list(box, src=0)  # rank 0's block count: every pool must match
-        cache = dataclasses.replace(args.cache_config, num_blocks=box[0])
-        runner = ModelRunner(model, plan_kv_cache(model, cache, device), args.attention_backend)
+        plan = plan_kv_cache(model, config.replace(num_kv_blocks=box[0]), device)
+        runner = ModelRunner(model, config, plan)
         while True:
             box = [None]
             dist.broadcast_object_list(box, src=0)
             if box[0] is None:  # shutdown
                 break
-            forward(runner, box[0])
+            run_step(args.mode, runner, box[0])
     except BaseException:
         status.put((args.rank, "error", traceback.format_exc()))
         raise

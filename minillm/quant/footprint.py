@@ -38,6 +38,15 @@ def weight_bytes_per_token(model: nn.Module) -> int:
     return _unique_bytes(tensors)
 
 
+def bytes_per_weight(model: nn.Module) -> float:
+    """Stored bytes per weight that a step streams: the element size, or a quantized model's average."""
+    if not any(isinstance(m, QuantLinear) for m in model.modules()):
+        return float(model.embed_tokens.weight.element_size())
+    from minillm.engine.cost import weight_bytes
+
+    return weight_bytes_per_token(model) / weight_bytes(model.config, 1.0)
+
+
 def model_bytes(model: nn.Module) -> int:
     """Bytes of every weight the model keeps in memory (the embedding table included)."""
     tensors = list(model.parameters())

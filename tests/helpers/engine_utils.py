@@ -5,7 +5,8 @@ import random
 
 import torch
 
-from minillm.config import CacheConfig, ModelConfig, SchedulerConfig
+from minillm.config import ModelConfig
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.models.llama import LlamaForCausalLM
 from minillm.models.standalone import forward_logits
@@ -31,10 +32,9 @@ def make_engine(model: LlamaForCausalLM, num_blocks: int = 256, block_size: int 
                 backend: str = "torch") -> LLMEngine:
     return LLMEngine(
         model, None, [],
-        CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix_caching),
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                        enable_chunked_prefill=chunked),
-        attention_backend=backend,
+        EngineConfig(block_size=block_size, num_kv_blocks=num_blocks, enable_prefix_caching=prefix_caching,
+                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                     enable_chunked_prefill=chunked, attention_backend=backend),
     )
 
 

@@ -8,8 +8,13 @@ so the output distribution is exactly the target's.
     LLM(speculative={"method": "ngram", "num_tokens": 4})
     LLM(speculative={"method": "draft", "model": "int4", "num_tokens": 4})
     LLM(speculative={"method": "draft", "model": "self", "num_layers": 24, "num_tokens": 2})
-"""
-from minillm.spec.config import SpecConfig, parse_speculative
-from minillm.spec.rejection import verify_tokens
 
-__all__ = ["SpecConfig", "parse_speculative", "verify_tokens"]
+It plugs into the engine's one step: the scheduler reserves lookahead slots,
+the proposer (proposer.py) puts drafts on the batch, the executor runs them
+with everything else, engine/token_choice.py verifies them (rejection.py) and
+the scheduler's update rolls back the slots of rejected drafts.
+"""
+from minillm.spec_decode.rejection import verify_tokens
+from minillm.spec_decode.speculative_config import SpeculativeConfig, parse_speculative
+
+__all__ = ["SpeculativeConfig", "parse_speculative", "verify_tokens"]

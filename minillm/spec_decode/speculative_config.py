@@ -1,7 +1,7 @@
-"""`speculative={...}` parsed into a SpecConfig, with a clear error for every bad key or value."""
+"""`speculative={...}` parsed into a SpeculativeConfig, with a clear error for every bad key or value."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 METHODS = ("ngram", "draft")
@@ -10,7 +10,7 @@ MAX_NUM_TOKENS = 16
 
 
 @dataclass
-class SpecConfig:
+class SpeculativeConfig:
     """method: "ngram" (prompt lookup) or "draft" (a cheaper model built from the target).
 
     num_tokens (k): tokens proposed per step and sequence; the verify step scores k + 1.
@@ -18,7 +18,7 @@ class SpecConfig:
     model (draft): "int4" (default) or "int8": a weight-quantized copy of the target;
     "self": the target's own first `num_layers` layers (early exit).
     num_layers (draft): run only the draft's first num_layers layers (required for "self").
-    Every draft has the target's shapes and shares its KV pool (see minillm/spec/draft.py).
+    Every draft has the target's shapes and shares its KV pool (see minillm/spec_decode/draft.py).
     """
 
     method: str
@@ -27,6 +27,12 @@ class SpecConfig:
     ngram_min: int = 1
     model: str | None = None
     num_layers: int | None = None
+
+    def with_num_tokens(self, k: int) -> "SpeculativeConfig":
+        """The same config proposing k tokens per step (validated)."""
+        cfg = replace(self, num_tokens=k)
+        cfg.validate()
+        return cfg
 
     def validate(self, num_target_layers: int | None = None) -> None:
         def bad(msg: str) -> None:
@@ -60,20 +66,20 @@ class SpecConfig:
                     bad(f"model='self' with all {num_target_layers} layers is the target itself; use fewer")
 
 
-def parse_speculative(spec: SpecConfig | dict[str, Any] | None) -> SpecConfig | None:
-    """None stays None; a dict's keys must be SpecConfig fields."""
-    if spec is None or isinstance(spec, SpecConfig):
+def parse_speculative(spec: SpeculativeConfig | dict[str, Any] | None) -> SpeculativeConfig | None:
+    """None stays None; a dict's keys must be SpeculativeConfig fields."""
+    if spec is None or isinstance(spec, SpeculativeConfig):
         if spec is not None:
             spec.validate()
         return spec
     if not isinstance(spec, dict):
         raise ValueError(f"speculative must be a dict like {{'method': 'ngram', 'num_tokens': 4}}, got {type(spec).__name__}")
-    known = {f.name for f in fields(SpecConfig)}
+    known = {f.name for f in fields(SpeculativeConfig)}
     unknown = sorted(set(spec) - known)
     if unknown:
         raise ValueError(f"invalid speculative config: unknown key(s) {unknown}; known: {sorted(known)}")
     if "method" not in spec:
         raise ValueError(f"invalid speculative config: 'method' is required (one of {METHODS})")
-    cfg = SpecConfig(**spec)
+    cfg = SpeculativeConfig(**spec)
     cfg.validate()
     return cfg

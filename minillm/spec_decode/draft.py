@@ -27,15 +27,15 @@ target's cost, so early exit never pays; the int4 (group 32) copy agrees on
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 
 from minillm.attention.metadata import AttentionMetadata
 from minillm.engine.sequence import Sequence
 from minillm.models.llama import LlamaForCausalLM
-from minillm.spec.proposal import Proposal
-from minillm.spec.rejection import target_probs
+from minillm.spec_decode.proposal import Proposal
+from minillm.spec_decode.proposer import Proposer
+from minillm.spec_decode.rejection import target_probs
 
 INT4_GROUP_SIZE = 32  # 64 agreed with the target on ~80% of next tokens, 32 on ~98%
 
@@ -56,19 +56,11 @@ def quantized_copy(target: LlamaForCausalLM, method: str) -> LlamaForCausalLM:
     return draft.eval()
 
 
-@dataclass
-class DraftProposer:
-    target: LlamaForCausalLM
-    draft: LlamaForCausalLM  # the target itself (early exit) or a quantized copy
-    layers: tuple[int, ...]  # indices into the draft's layers, in order
-    block_size: int
-
-    def _bind_cache(self) -> None:
-        """A separate draft module reads and writes the target's pool (attached by the runner)."""
-        if self.draft is self.target:
-            return
-        for d, t in zip(self.draft.attention_layers(), self.target.attention_layers()):
-            d.k_cache, d.v_cache, d.backend = t.k_cache, t.v_cache, t.backend
+class DraftProposer(Proposer):
+    def __init__(self, runner, draft: LlamaForCausalLM, layers: tuple[int, ...]) -> None:
+        self.runner = runner  # the target's ModelRunner: its pool and backend
+        self.draft = draft  # the target itself (early exit) or a quantized copy
+        self.layers = layers  # indices into the draft's layers, in order
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         m = self.draft
@@ -81,20 +73,25 @@ class DraftProposer:
         return m.compute_logits(x)
 
     @torch.inference_mode()
-    def propose(self, wants: list[tuple[Sequence, int]]) -> list[Proposal]:
+    def propose_tokens(self, wants: list[tuple[Sequence, int]]) -> list[Proposal]:
         """k draft steps, batched over the sequences that still want a token at that depth.
 
-        The caller has attached the pool and allocated k + 1 lookahead slots per sequence.
+        The scheduler allocated k lookahead slots per sequence; the draft writes its
+        guesses' K/V there (the target's verify forward rewrites them).
         """
-        self._bind_cache()
+        runner = self.runner
+        runner.attach()
+        if self.draft is not runner.model:
+            runner.pool.bind(self.draft, runner.backend)  # a separate draft module uses the target's pool
+        plan, dev = runner.plan, runner.device
         out = [Proposal([], [] if not s.params.greedy else None) for s, _ in wants]
         last = [s.token_ids[-1] for s, _ in wants]
-        dev = self.target.embed_tokens.weight.device
         for depth in range(max((k for _, k in wants), default=0)):
             rows = [i for i, (_, k) in enumerate(wants) if k > depth]
             pos = [wants[i][0].num_tokens - 1 + depth for i in rows]
             meta = AttentionMetadata.build([1] * len(rows), [p + 1 for p in pos],
-                                           [wants[i][0].block_table for i in rows], self.block_size, dev)
+                                           [wants[i][0].block_table for i in rows], plan.block_size, dev)
+            runner.backend.prepare(meta, plan.block_size, self.draft.config.num_key_value_heads, plan.quantized)
             logits = self._forward(torch.tensor([last[i] for i in rows], device=dev), torch.tensor(pos, device=dev), meta)
             greedy_tok = logits.argmax(-1).tolist()
             for j, i in enumerate(rows):

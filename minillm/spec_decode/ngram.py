@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minillm.engine.sequence import Sequence
-from minillm.spec.proposal import Proposal
+from minillm.spec_decode.proposal import Proposal
+from minillm.spec_decode.proposer import Proposer
 
 
 @dataclass
-class NgramProposer:
+class NgramProposer(Proposer):
     ngram_max: int = 4
     ngram_min: int = 1
 
@@ -33,5 +34,5 @@ class NgramProposer:
                         return cont
         return []
 
-    def propose(self, wants: list[tuple[Sequence, int]]) -> list[Proposal]:
+    def propose_tokens(self, wants: list[tuple[Sequence, int]]) -> list[Proposal]:
         return [Proposal(self.propose_one(s.token_ids, k)) for s, k in wants]

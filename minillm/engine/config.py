@@ -1,0 +1,130 @@
+"""EngineConfig: every knob of the engine, its default and its validation, in one place.
+
+Names follow vLLM's engine arguments, so `LLM(max_num_seqs=64, block_size=16)`
+means what it means there. `LLM(**kwargs)` builds one of these; `LLMEngine`,
+the executors and the worker processes all read the same object.
+
+    cfg = EngineConfig(max_num_seqs=8, num_kv_blocks=64, kv_cache_dtype="int8")
+    cfg.validate()  # also run by __post_init__: a bad value fails before any model loads
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+
+from minillm.spec_decode.speculative_config import SpeculativeConfig, parse_speculative
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+ATTENTION_BACKENDS = ("torch", "triton")
+PREFIX_HASH_ALGOS = ("sha256", "builtin")
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+@dataclass
+class EngineConfig:
+    # --- the model: what LLM and every parallel worker load -------------------------------
+    model: str | None = None  # None: the default model (SmolLM2-135M-Instruct); a folder or a .gguf file
+    dtype: str | torch.dtype = "float32"
+    device: str | None = None  # default: cuda when available, else cpu
+    seed: int = 0
+    quantization: str | None = None  # weight-only: "int8" | "int4" | "int4-awq" | "gguf"
+    quantization_group_size: int | None = None  # int4: 32 (default), 64 or 128
+    quantize_lm_head: bool = False  # an int8 LM head (the embedding stays float)
+    # --- the paged KV cache ---------------------------------------------------------------
+    block_size: int = 16  # tokens per KV block
+    kv_cache_memory_bytes: int | None = None  # default: 512 MiB on CPU
+    gpu_memory_utilization: float = 0.9  # fraction of free device memory for the pool (CUDA)
+    num_kv_blocks: int | None = None  # a fixed pool size, overriding the budget (tests, notebooks)
+    kv_cache_dtype: str = "auto"  # "auto" (the model's), "int8" or "fp8": quantized, a scale per token per head
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"  # "sha256" (collision-resistant) or "builtin" (Python's hash)
+    # --- the scheduler --------------------------------------------------------------------
+    max_num_seqs: int = 128  # sequences in one step
+    max_num_batched_tokens: int = 2048  # tokens in one step (prefill chunks + decodes + drafts)
+    enable_chunked_prefill: bool = True
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    # --- execution ------------------------------------------------------------------------
+    attention_backend: str = "torch"  # "torch" (reference, CPU fast path) or "triton"
+    compile: bool = False  # decode steps through torch.compile (inductor freezing)
+    speculative: SpeculativeConfig | dict[str, Any] | None = None  # e.g. {"method": "ngram", "num_tokens": 4}
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_timeout_s: float = 60.0  # rank 0's longest wait in a collective before calling a worker hung
+    distributed_startup_timeout_s: float = 600.0  # every worker loading the model
+    worker_threads: int | None = None  # torch threads per worker (default: the cores shared among ranks)
+
+    def __post_init__(self) -> None:
+        self.speculative = parse_speculative(self.speculative)
+        self.validate()
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
+        """EngineConfig(**kwargs) with a clear error naming an unknown option."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {unknown}; known: {sorted(known)}")
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> "EngineConfig":
+        return replace(self, **changes)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return resolve_dtype(self.dtype)
+
+    @property
+    def world_size(self) -> int:
+        """Processes the model is split over (tensor or pipeline parallel; they do not combine)."""
+        return max(self.tensor_parallel_size, self.pipeline_parallel_size)
+
+    def validate(self) -> None:
+        """Every check that needs no model. Raises ValueError naming the option."""
+        from minillm.attention.kv_quant import resolve_kv_cache_dtype
+        from minillm.quant.apply import check_llm_options
+
+        resolve_dtype(self.dtype)
+        resolve_kv_cache_dtype(self.kv_cache_dtype)
+        check_llm_options(self.quantization, self.quantization_group_size)
+
+        def positive_int(name: str, optional: bool = False) -> None:
+            v = getattr(self, name)
+            if optional and v is None:
+                return
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+                     "pipeline_parallel_size"):
+            positive_int(name)
+        for name in ("num_kv_blocks", "max_model_len", "kv_cache_memory_bytes", "worker_threads"):
+            positive_int(name, optional=True)
+        if not (0.0 < self.gpu_memory_utilization <= 1.0):
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"unknown attention_backend {self.attention_backend!r} (choose one of {ATTENTION_BACKENDS})")
+        if self.prefix_caching_hash_algo not in PREFIX_HASH_ALGOS:
+            raise ValueError(f"prefix_caching_hash_algo must be one of {PREFIX_HASH_ALGOS}, "
+                             f"got {self.prefix_caching_hash_algo!r}")
+        # combinations (the one place they are checked)
+        if self.compile and self.attention_backend != "torch":
+            raise ValueError("compile=True is implemented for the torch attention backend")
+        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
+            raise ValueError("tensor_parallel_size > 1 and pipeline_parallel_size > 1 do not combine")
+        if self.world_size > 1:
+            if self.quantization is not None or self.quantize_lm_head:
+                raise ValueError("weight quantization is not supported with tensor or pipeline parallelism")
+            if self.speculative is not None:
+                raise ValueError("speculative decoding is not supported with tensor or pipeline parallelism")
+            if self.compile:
+                raise ValueError("compile=True is not supported with tensor or pipeline parallelism")

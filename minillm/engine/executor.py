@@ -1,0 +1,49 @@
+"""The Executor interface: what the engine calls to run one packed step on the model.
+
+    logits = executor.execute(batch)   # StepBatch -> [len(batch.logit_rows), vocab] float32, or None
+
+Three implementations, one contract:
+
+    ModelRunner                 (engine/model_runner.py)  this process's model and KV pool
+    TensorParallelExecutor      (parallel/executor.py)    every layer split over N processes
+    PipelineParallelExecutor    (parallel/executor.py)    the layers split into N stages
+
+Sampling and verification happen after `execute`, on rank 0 (engine/sampler.py), so a
+parallel executor only returns the logits rows the batch asked for.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+
+from minillm.engine.batch import StepBatch
+from minillm.engine.kv_cache import KVCachePlan
+
+if TYPE_CHECKING:
+    from minillm.parallel.comm import CommStats
+
+
+class Executor(ABC):
+    plan: KVCachePlan  # the KV pool every rank holds (same number of blocks everywhere)
+    device: torch.device  # where rank 0's tensors live (sampling, proposers)
+
+    @abstractmethod
+    def execute(self, batch: StepBatch) -> torch.Tensor | None:
+        """Write the batch's K/V into the pool, run the model, return logits of batch.logit_rows."""
+
+    @property
+    @abstractmethod
+    def kv_cache_bytes(self) -> int:
+        """Bytes of rank 0's KV pool (K, V and, when quantized, their scales)."""
+
+    def attach(self) -> None:
+        """Point the model's attention layers at this executor's pool (a model may serve several engines)."""
+
+    def take_comm_stats(self) -> "CommStats | None":
+        """Collective bytes and time since the last call (one step's worth); None for one process."""
+        return None
+
+    def close(self) -> None:
+        """Release processes and process groups, if any; safe to call twice."""

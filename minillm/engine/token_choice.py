@@ -1,0 +1,60 @@
+"""After the forward: turn the step's logits into each sequence's next tokens.
+
+Chunks without drafts are sampled together (engine/sampler.py). Chunks that
+carry drafts are verified by exact rejection sampling (spec_decode/rejection.py):
+the accepted drafts plus one token of the target's own. Both give a
+ChosenTokens, so the scheduler's update does not care which path chose them.
+Until a sequence has min_tokens outputs, EOS and its stop token ids are banned
+from every row that scores one of those outputs.
+"""
+from __future__ import annotations
+
+import torch
+
+from minillm.engine.batch import ScheduledBatch, StepBatch
+from minillm.engine.sampler import ban_tokens, min_tokens_bans, sample
+from minillm.engine.scheduler import ChosenTokens
+from minillm.spec_decode.rejection import logprob_entry, verify_tokens
+
+
+def _bans(batch: ScheduledBatch, step: StepBatch, eos_token_ids: set[int]) -> list[list[int]] | None:
+    """Per logits row, the token ids it may not choose (None: no row has any)."""
+    if all(c.seq.num_output_tokens >= c.seq.params.min_tokens for c in batch.chunks):
+        return None  # the usual case: nothing to mask, no per-row work
+    bans: list[list[int]] = [[] for _ in step.logit_rows]
+    for c, (first, count) in zip(batch.chunks, step.chunk_logits):
+        for j in range(count):  # row j scores output token num_output_tokens + j
+            bans[first + j] = min_tokens_bans(c.seq.params, c.seq.num_output_tokens + j, eos_token_ids)
+    return bans
+
+
+def choose_tokens(batch: ScheduledBatch, step: StepBatch, logits: torch.Tensor | None,
+                  eos_token_ids: set[int]) -> list[ChosenTokens | None]:
+    """chosen[i]: chunk i's tokens, or None when the chunk did not catch its sequence up."""
+    chosen: list[ChosenTokens | None] = [None] * len(batch.chunks)
+    if logits is None:
+        return chosen
+    bans = _bans(batch, step, eos_token_ids)
+    if bans is not None:
+        logits = ban_tokens(logits.clone(), bans)
+    plain = [i for i, (c, (_, n)) in enumerate(zip(batch.chunks, step.chunk_logits)) if n and not c.draft_token_ids]
+    if plain:
+        rows = [step.chunk_logits[i][0] for i in plain]
+        plain_logits = logits if len(rows) == logits.shape[0] else logits[torch.tensor(rows, device=logits.device)]
+        seqs = [batch.chunks[i].seq for i in plain]
+        res = sample(plain_logits, [s.params for s in seqs], [s.generator for s in seqs])
+        for j, i in enumerate(plain):
+            chosen[i] = ChosenTokens([res.token_ids[j]], [res.logprobs[j]])
+    for i, c in enumerate(batch.chunks):
+        first, n = step.chunk_logits[i]
+        if not n or not c.draft_token_ids:
+            continue
+        rows = logits[first:first + n]  # row j scores the token after draft[:j]
+        p = c.seq.params
+        tokens, accepted = verify_tokens(rows, c.draft_token_ids, c.draft_probs, p, c.seq.generator)
+        lps: list[dict[int, float] | None] = [None] * len(tokens)
+        if p.logprobs is not None:
+            lp = rows[: len(tokens)].log_softmax(-1)
+            lps = [logprob_entry(lp[j], t, p.logprobs) for j, t in enumerate(tokens)]
+        chosen[i] = ChosenTokens(tokens, lps, accepted)
+    return chosen
