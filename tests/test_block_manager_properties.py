@@ -214,14 +214,14 @@ class SchedulerMachine(RuleBasedStateMachine):
                 h = parent = reference_chain_hash(bm.hash_algo, parent, tokens)
                 assert seq.block_hashes[i] == h, f"seq {seq.seq_id} block {i}: wrong chain hash"
                 if block.block_hash is not None:
-                    assert block.block_hash == h and block.token_ids == tokens, f"cached block {bid} is not what it says"
+                    assert block.block_hash == h and block.token_ids == tokens, f"cached block {bid} mislabelled"
                     held_by[bid] = seq
         for block in bm.blocks:
             if block.block_hash is None:
                 assert not block.token_ids
                 continue
             assert bm.enable_prefix_caching
-            assert bm.hash_to_block.get(block.block_hash) == block.block_id, f"hash_to_block lost block {block.block_id}"
+            assert bm.hash_to_block.get(block.block_hash) == block.block_id, f"hash_to_block lost {block.block_id}"
             assert len(block.token_ids) == bs
             assert block.ref_count == 0 or block.block_id in held_by
         assert len(bm.hash_to_block) == sum(b.block_hash is not None for b in bm.blocks)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minillm import SamplingParams
-from minillm.engine.sampler import _filter, sample
+from minillm.engine.sampler import filter_logits, sample
 from tests.helpers.engine_utils import make_engine, run_to_completion, tiny_model
 
 
@@ -17,7 +17,7 @@ def test_greedy_is_argmax():
 
 def test_top_k_top_p_min_p_filters():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    keep = lambda p: (_filter(logits, [p])[0] > float("-inf")).tolist()
+    keep = lambda p: (filter_logits(logits, [p])[0] > float("-inf")).tolist()
     assert keep(SamplingParams(top_k=2)) == [True, True, False, False]
     assert keep(SamplingParams(top_p=0.8)) == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8
     assert keep(SamplingParams(top_p=0.81)) == [True, True, True, False]

@@ -15,14 +15,18 @@ Why sha256 by default: a prefix-cache hit hands a sequence K/V that some other
 prompt computed. If two different token chains ever hash alike, the second
 prompt is silently served the first one's KV -- wrong output, no error, and
 across requests (one user's context leaking into another's answer). Python's
-`hash` of a tuple is 61 bits, unkeyed and not designed to resist collisions
-(they can be constructed on purpose), so the default digest is sha256 over the
-parent's 32-byte digest, the block's token ids and any extra keys, as vLLM does
-with its sha256 option. It costs about a microsecond per 16-token block (see
-tests/test_prefix_hash.py for the measurement). `hash_algo="builtin"` keeps
-Python's hash for whoever prefers the speed. With either, a hit is also checked
-against the block's stored token ids, which catches a collision within a block
-but not one in a parent (the parent's tokens are not stored along the chain).
+`hash` of a tuple is a 64-bit, unkeyed, non-cryptographic value (ints reduce mod
+2**61 - 1; hash(-1) == hash(-2)): collisions can be constructed on purpose, so a
+crafted prompt could poison a shared cache. The default digest is therefore
+sha256 over the parent's 32-byte digest, the block's token ids and any extra
+keys, as vLLM does with its sha256 option. The cost is small next to any forward
+pass: per 16-token block 1.0 us against 0.2 us for the builtin hash (256 tokens:
+4.0 vs 0.9 us); registering and then looking up a 2048-token prompt takes 0.34
+ms against 0.12 ms (one CPU thread; `python tests/test_prefix_hash.py` measures
+it). `hash_algo="builtin"` keeps Python's hash for whoever prefers the speed.
+With either, a hit is also checked against the block's stored token ids, which
+catches a collision within a block but not one in a parent (the parent's tokens
+are not stored along the chain).
 """
 from __future__ import annotations
 
@@ -91,7 +95,7 @@ def sha256_chain_hash(parent: bytes | None, tokens: TokenIds, extra_keys: tuple 
 
 
 def builtin_chain_hash(parent: int | None, tokens: TokenIds, extra_keys: tuple | None = None) -> int:
-    """Python's hash: fast, 61 bits, not collision-resistant (the pre-sha256 behaviour)."""
+    """Python's hash: fast, 64-bit, not collision-resistant (the pre-sha256 behaviour)."""
     key = (parent, tuple(tokens)) if extra_keys is None else (parent, tuple(tokens), extra_keys)
     return hash(key)
 
@@ -287,8 +291,8 @@ class BlockManager:
             block.ref_count -= 1
             assert block.ref_count >= 0, f"double free of block {bid}"
             if block.ref_count == 0:
+                self.free_queue[bid] = None
                 if block.block_hash is None:
-                    self.free_queue[bid] = None
                     self.free_queue.move_to_end(bid, last=False)
                 self.events.freed.append(bid)
 
@@ -306,6 +310,7 @@ class BlockManager:
             assert block.ref_count == counts[block.block_id], (
                 f"block {block.block_id}: ref_count {block.ref_count} but {counts[block.block_id]} tables hold it"
             )
-            assert (block.ref_count == 0) == (block.block_id in self.free_queue), f"block {block.block_id} free-list mismatch"
+            assert (block.ref_count == 0) == (block.block_id in self.free_queue), (
+                f"block {block.block_id} free-list mismatch")
         for h, bid in self.hash_to_block.items():
             assert self.blocks[bid].block_hash == h

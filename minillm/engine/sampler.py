@@ -51,9 +51,6 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     return logits
 
 
-_filter = filter_logits  # the old private name, still imported by tests/test_sampling.py
-
-
 def min_tokens_bans(params: SamplingParams, num_output_tokens: int, eos_token_ids: set[int]) -> list[int]:
     """Token ids the NEXT token must not be, given that `num_output_tokens` are already out.
 
@@ -106,11 +103,15 @@ def sample(
     if want:
         lp = logits[want].log_softmax(-1)
         for j, i in enumerate(want):
-            k = params[i].logprobs
-            entry = {token_list[i]: float(lp[j, token_list[i]])}
-            if k:
-                vals, ids = lp[j].topk(k)
-                for v, t in zip(vals.tolist(), ids.tolist()):
-                    entry.setdefault(t, v)
-            logprobs[i] = entry
+            logprobs[i] = logprob_entry(lp[j], token_list[i], params[i].logprobs)
     return SampleResult(token_list, logprobs)
+
+
+def logprob_entry(lp_row: torch.Tensor, token: int, k: int) -> dict[int, float]:
+    """The chosen token's logprob plus the k most likely alternatives."""
+    entry = {token: float(lp_row[token])}
+    if k:
+        vals, ids = lp_row.topk(k)
+        for v, t in zip(vals.tolist(), ids.tolist()):
+            entry.setdefault(t, v)
+    return entry

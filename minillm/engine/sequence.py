@@ -36,7 +36,7 @@ class Sequence:
     # that brings this closer to len(token_ids): a prefill chunk, or 1 decode token.
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)  # hash chain of full, registered blocks
+    block_hashes: list[bytes | int] = field(default_factory=list)  # hash chain of full, registered blocks
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     num_preemptions: int = 0

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from minillm.engine.batch import ScheduledBatch, StepBatch
-from minillm.engine.sampler import ban_tokens, min_tokens_bans, sample
+from minillm.engine.sampler import ban_tokens, logprob_entry, min_tokens_bans, sample
 from minillm.engine.scheduler import ChosenTokens
-from minillm.spec_decode.rejection import logprob_entry, verify_tokens
+from minillm.spec_decode.rejection import verify_tokens
 
 
 def _bans(batch: ScheduledBatch, step: StepBatch, eos_token_ids: set[int]) -> list[list[int]] | None:

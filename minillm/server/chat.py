@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from minillm.engine.outputs import RequestOutput
 from minillm.sampling_params import MAX_LOGPROBS
 from minillm.server import prompts
-from minillm.server.deltas import Cursor, chat_logprobs, stop_holdback
+from minillm.server.deltas import Cursor, chat_logprobs
 from minillm.server.errors import bad_request
 from minillm.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
                                      ChatResponseMessage, ChatStreamChoice, DeltaMessage, UsageInfo)
@@ -43,7 +43,6 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, state
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     sub = Submitted(state.engine)
     await sub.add(rid, ids, params)
-    holdback = stop_holdback(params.stop)
     cursors = [Cursor() for _ in range(params.n)]
     created = int(time.time())
     usage = UsageInfo(prompt_tokens=len(ids))
@@ -65,7 +64,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, state
                 async for _, out in sub.outputs():
                     choices = []
                     for c in out.outputs:
-                        d = cursors[c.index].advance(c, holdback, with_tokens=k is not None)
+                        d = cursors[c.index].advance(c, with_tokens=k is not None)
                         if d is None:
                             continue
                         if d.finish_reason is not None:

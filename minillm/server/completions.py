@@ -9,7 +9,7 @@ from fastapi.responses import Response
 
 from minillm.engine.outputs import RequestOutput
 from minillm.server import prompts
-from minillm.server.deltas import Cursor, completion_logprobs, stop_holdback
+from minillm.server.deltas import Cursor, completion_logprobs
 from minillm.server.errors import bad_request
 from minillm.server.protocol import (CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse,
                                      UsageInfo)
@@ -49,7 +49,7 @@ async def create_completion(req: CompletionRequest, raw: Request, state: ServerS
     except BaseException:
         sub.close()
         raise
-    n, holdback, k = params.n, stop_holdback(params.stop), req.logprobs
+    n, k = params.n, req.logprobs
     cursors = [Cursor() for _ in range(len(ids_list) * n)]
     created = int(time.time())
     usage = UsageInfo(prompt_tokens=sum(len(ids) for ids in ids_list))
@@ -66,7 +66,7 @@ async def create_completion(req: CompletionRequest, raw: Request, state: ServerS
                     choices = []
                     for c in out.outputs:
                         cur = cursors[p * n + c.index]
-                        d = cur.advance(c, holdback, with_tokens=k is not None)
+                        d = cur.advance(c, with_tokens=k is not None)
                         if d is None:
                             continue
                         if d.finish_reason is not None:

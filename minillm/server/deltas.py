@@ -1,10 +1,9 @@
 """Turning the engine's cumulative outputs into what a client is sent: text deltas and logprobs.
 
-The engine re-decodes a completion's whole text every token, so text only
-grows, with two exceptions a stream must not leak:
-- a trailing U+FFFD is a multi-byte character decoded halfway: hold it back;
-- a stop string is cut off when it completes: hold back as many characters
-  as the longest stop string could already have started.
+A completion's text only grows: the engine's detokenizer already holds back
+what a stream must not leak (a half-decoded multi-byte character, and as many
+characters as the longest stop string could already have started; see
+minillm/engine/detokenizer.py), so a delta is simply the text not sent yet.
 """
 from __future__ import annotations
 
@@ -33,26 +32,21 @@ class Cursor:
     text_offset: int = 0  # completions logprobs: where the next token's text starts
     done: bool = False  # the finishing chunk was sent
 
-    def advance(self, out: CompletionOutput, holdback: int, with_tokens: bool) -> "Delta | None":
+    def advance(self, out: CompletionOutput, with_tokens: bool) -> "Delta | None":
         """What a stream sends next for this completion; None when there is nothing worth a chunk."""
         if self.done:
             return None
-        text = self.text_delta(out, holdback)
+        text = self.text_delta(out)
         ids, lps = self.new_tokens(out)
         self.done = out.finish_reason is not None
         if not (text or self.done or (with_tokens and ids)):
             return None
         return Delta(text, ids, lps, out.finish_reason, out.stop_reason)
 
-    def text_delta(self, out: CompletionOutput, holdback: int) -> str:
-        text = out.text
-        if out.finish_reason is None:
-            end = len(text.rstrip("\ufffd")) - holdback
-        else:
-            end = len(text)
-        if end <= self.chars:
+    def text_delta(self, out: CompletionOutput) -> str:
+        if len(out.text) <= self.chars:
             return ""
-        delta, self.chars = text[self.chars:end], end
+        delta, self.chars = out.text[self.chars:], len(out.text)
         return delta
 
     def new_tokens(self, out: CompletionOutput) -> tuple[list[int], list[dict[int, float]]]:
@@ -60,10 +54,6 @@ class Cursor:
         lps = (out.logprobs or [])[self.tokens:self.tokens + len(ids)]
         self.tokens += len(ids)
         return ids, lps
-
-
-def stop_holdback(stop: list[str]) -> int:
-    return max((len(s) for s in stop), default=1) - 1
 
 
 def token_text(tokenizer: Any | None, token_id: int) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.engine.sampler import filter_logits as _filter
+from minillm.engine.sampler import filter_logits
 from minillm.sampling_params import SamplingParams
 
 
@@ -42,17 +42,7 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor | None, x: int) -> to
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[rows, V] logits -> the sampler's distribution for each row (same filters as sample())."""
-    return _filter(logits, [params] * logits.shape[0]).softmax(-1)
-
-
-def logprob_entry(lp_row: torch.Tensor, token: int, k: int) -> dict[int, float]:
-    """The chosen token's logprob plus the k most likely alternatives (the sampler's format)."""
-    entry = {token: float(lp_row[token])}
-    if k:
-        vals, ids = lp_row.topk(k)
-        for v, t in zip(vals.tolist(), ids.tolist()):
-            entry.setdefault(t, v)
-    return entry
+    return filter_logits(logits, [params] * logits.shape[0]).softmax(-1)
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
