@@ -14,6 +14,10 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+# Without a GPU the Triton kernels run under the interpreter, which must be switched on before
+# anything imports triton -- torch.compile does (test_engine_compile runs before the Triton tests).
+import minillm.kernels  # noqa: E402,F401  (sets TRITON_INTERPRET=1 unless a GPU is present or it is set)
+
 
 @pytest.fixture(scope="session")
 def default_model():

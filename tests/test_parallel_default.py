@@ -5,10 +5,8 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.config import CacheConfig
-from minillm.engine import model_runner
+from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
-from minillm.parallel import executor
 from tests.test_parallel_tiny import recording_logits
 
 pytestmark = pytest.mark.slow  # two workers each load and dequantize the GGUF (~35 s of CPU)
@@ -20,8 +18,8 @@ LOGITS_ATOL = 1e-3  # float32 through 30 layers; measured max difference ~1e-5
 def test_tp3_default_model_matches_one_rank(default_model):
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     engine = LLMEngine(default_model.model, default_model.tokenizer, default_model.eos_token_ids,
-                       CacheConfig(block_size=16, num_blocks=64))
-    with recording_logits(model_runner) as ref_logits:
+                       EngineConfig(block_size=16, num_kv_blocks=64))
+    with recording_logits(engine.executor) as ref_logits:
         for i, p in enumerate(PROMPTS):
             engine.add_request(str(i), p, sp)
         done = {}
@@ -31,7 +29,7 @@ def test_tp3_default_model_matches_one_rank(default_model):
     with LLM(block_size=16, num_kv_blocks=64, tensor_parallel_size=3) as llm:
         shard = llm.engine.model.tp_shard
         assert (shard.q_heads, shard.kv_heads) == ((0, 3), (0, 1))  # rank 0: query heads 0-2 share KV head 0
-        with recording_logits(executor) as tp_logits:
+        with recording_logits(llm.engine.executor) as tp_logits:
             outs = llm.generate(PROMPTS, sp, use_tqdm=False)
         trace = llm.trace
     assert [o.outputs[0].token_ids for o in outs] == ref

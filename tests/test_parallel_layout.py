@@ -112,7 +112,7 @@ def test_bad_pipeline_sizes_are_refused():
         check_pp_size(TINY, 3)
     from minillm import LLM
 
-    with pytest.raises(ValueError, match="does not combine"):
+    with pytest.raises(ValueError, match="do not combine"):
         LLM(tensor_parallel_size=2, pipeline_parallel_size=2)
     with pytest.raises(ValueError, match="pipeline_parallel_size must be"):
         LLM(pipeline_parallel_size=0)

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from minillm import LLM
-from minillm.parallel import executor
 from tests.test_parallel_tiny import (ENGINE, VOCAB, break_worker_mid_run, recording_logits,  # noqa: F401
                                       reference, scenario, tiny_folder)
 
@@ -19,8 +18,11 @@ def pp_run(tiny_folder):
     with LLM(tiny_folder, pipeline_parallel_size=2, **ENGINE) as llm:
         stage = llm.engine.model.pp_stage
         assert stage.layers == (0, 1) and len(llm.engine.model.layers) == 1  # rank 0 keeps layer 0 only
-        workers = list(llm.engine.runner.workers)
-        with recording_logits(executor) as logits:
+        ex = llm.engine.executor
+        workers = list(ex.workers)
+        # rank 0's pool holds its stage's one layer: 128 blocks x 4 slots x (K, V) x 4 KV heads x 8 x fp32
+        assert ex.kv_cache_bytes == 128 * 4 * 2 * 4 * 8 * 4
+        with recording_logits(ex) as logits:
             tokens = scenario(llm)
         trace = llm.trace
     return tokens, torch.cat(logits), trace, workers

@@ -1,9 +1,10 @@
 """Tensor parallelism end to end on a tiny random Llama (8 query / 4 KV heads): tp=2 and tp=4 vs one rank.
 
-Each TP engine spawns worker processes (a few seconds each: a fresh interpreter
-imports torch), so every engine is built once per module and all checks read
-its recorded run. Logits are compared at the sampler's input: tp changes only
-the order of floating-point sums, so they agree to float32 rounding.
+Each TP engine starts worker processes (forked here: no CUDA in this process; each
+worker still loads the model), so every engine is built once per module and all checks
+read its recorded run. Logits are compared at the sampler's input (what the executor
+returns to the engine): tp changes only the order of floating-point sums, so they agree
+to float32 rounding.
 """
 from __future__ import annotations
 
@@ -18,13 +19,11 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.engine import model_runner
-from minillm.parallel import executor
 from minillm.parallel.executor import TensorParallelError
 from tests.helpers.tiny_models import make_tiny_hf_model
 
 LOGITS_ATOL = 1e-4  # float32; measured max difference 4.5e-6 on logits up to ~6
-pytestmark = pytest.mark.slow  # spawns 7 worker processes in all (~40 s of CPU)
+pytestmark = pytest.mark.slow  # starts 7 worker processes in all (~40 s of CPU)
 VOCAB = 338  # not a multiple of 4: the vocab-parallel shards need padding at tp=4
 ENGINE = dict(block_size=4, num_kv_blocks=128, max_num_batched_tokens=16, seed=0)
 SHARED = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]  # 3 full blocks: a prefix-cache hit later
@@ -38,16 +37,18 @@ def tiny_folder(tmp_path_factory):
 
 
 @contextmanager
-def recording_logits(module):
-    """Record every logits tensor the engine hands to its sampler."""
+def recording_logits(executor):
+    """Record every logits tensor `executor` (an engine's Executor) hands back: what the sampler reads."""
     seen: list[torch.Tensor] = []
-    real = module.sample
+    real = executor.execute
 
-    def spy(logits, *a, **kw):
-        seen.append(logits.detach().clone())
-        return real(logits, *a, **kw)
+    def spy(batch):
+        logits = real(batch)
+        if logits is not None:
+            seen.append(logits.detach().clone())
+        return logits
 
-    with mock.patch.object(module, "sample", spy):
+    with mock.patch.object(executor, "execute", spy):
         yield seen
 
 
@@ -63,7 +64,7 @@ def scenario(llm: LLM) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def reference(tiny_folder):
     llm = LLM(tiny_folder, **ENGINE)
-    with recording_logits(model_runner) as logits:
+    with recording_logits(llm.engine.executor) as logits:
         tokens = scenario(llm)
     return tokens, torch.cat(logits), llm.trace
 
@@ -72,9 +73,13 @@ def reference(tiny_folder):
 def tp_run(request, tiny_folder):
     n = request.param
     with LLM(tiny_folder, tensor_parallel_size=n, **ENGINE) as llm:
-        workers = list(llm.engine.runner.workers)
+        ex = llm.engine.executor
+        workers = list(ex.workers)
         assert len(workers) == n - 1 and all(p.is_alive() for p in workers)
-        with recording_logits(executor) as logits:
+        assert ex.start_method == "fork"  # Linux, no CUDA here (test_parallel_unguarded_main.py: why)
+        # rank 0's pool: 128 blocks x 4 slots x (K, V) x 2 layers x its 4/n KV heads x head_dim 8 x fp32
+        assert ex.plan.num_blocks == 128 and ex.kv_cache_bytes == 128 * 4 * 2 * 2 * (4 // n) * 8 * 4
+        with recording_logits(ex) as logits:
             tokens = scenario(llm)
         trace = llm.trace
     return n, tokens, torch.cat(logits), trace, workers
@@ -122,8 +127,8 @@ def test_workers_are_gone_after_close(tp_run):
 def break_worker_mid_run(sig: int, timeout_s: float, folder: str, size: str = "tensor_parallel_size"
                          ) -> tuple[str, float, list]:
     """Send `sig` to rank 1 after a few steps of a long generation; (the error, seconds to it, workers)."""
-    llm = LLM(folder, **{size: 2}, tensor_parallel_timeout_s=timeout_s, **ENGINE)
-    worker = llm.engine.runner.workers[0]
+    llm = LLM(folder, **{size: 2}, distributed_timeout_s=timeout_s, **ENGINE)
+    worker = llm.engine.executor.workers[0]
 
     def strike():
         while len(llm.trace) < 3:  # mid-run: some steps done
@@ -138,7 +143,7 @@ def break_worker_mid_run(sig: int, timeout_s: float, folder: str, size: str = "t
     with pytest.raises(TensorParallelError, match="down"):  # and it stays down, no hang
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
     llm.close()
-    return str(err.value), elapsed, llm.engine.runner.workers
+    return str(err.value), elapsed, llm.engine.executor.workers
 
 
 def test_killed_worker_raises_a_clear_error(tiny_folder):
@@ -162,7 +167,7 @@ def test_an_unclosed_engine_is_reaped_when_dropped(tiny_folder):
     import torch.distributed as dist
 
     llm = LLM(tiny_folder, tensor_parallel_size=2, **ENGINE)
-    workers = list(llm.engine.runner.workers)
+    workers = list(llm.engine.executor.workers)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
     del llm
     gc.collect()
@@ -176,13 +181,15 @@ def test_an_interrupted_step_takes_the_engine_down_cleanly(tiny_folder):
     """Ctrl-C in the middle of a step leaves the workers inside a collective: refuse to go on."""
     calls = []
 
-    def interrupted(runner, batch):
+    def interrupted(batch):
         calls.append(batch)
         raise KeyboardInterrupt
 
     with LLM(tiny_folder, tensor_parallel_size=2, **ENGINE) as llm:
-        workers = list(llm.engine.runner.workers)
-        with mock.patch.object(executor, "forward_batch", interrupted), pytest.raises(KeyboardInterrupt):
+        ex = llm.engine.executor
+        workers = list(ex.workers)
+        # rank 0's forward, after the batch went out: the workers are already inside the step
+        with mock.patch.object(ex.runner, "execute", interrupted), pytest.raises(KeyboardInterrupt):
             llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
         assert calls and not any(p.is_alive() for p in workers)
         with pytest.raises(TensorParallelError, match="half-done"):

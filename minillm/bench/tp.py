@@ -53,7 +53,7 @@ def _run(model: str | None, size: int, wl: TPWorkload, dtype: str, device: str |
     blocks = wl.num_prompts * (-(-(wl.prompt_len + wl.output_len) // 16) + 1) + 8
     t0 = time.perf_counter()
     with LLM(model, dtype=dtype, device=device, block_size=16, num_kv_blocks=blocks, tensor_parallel_size=size,
-             tensor_parallel_timeout_s=timeout_s) as llm:
+             distributed_timeout_s=timeout_s) as llm:
         startup = time.perf_counter() - t0
         cfg = llm.engine.model_config
         prompts = wl.prompts(cfg.vocab_size)

@@ -39,11 +39,11 @@ class RequestMetrics:
 
     @property
     def e2e_latency(self) -> float | None:
-        return None if self.finish_time is None else self.finish_time - self.arrival_time
+        return _latency.e2e_latency(self.arrival_time, self.finish_time)
 
     @property
     def queue_time(self) -> float | None:
-        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+        return _latency.queue_time(self.arrival_time, self.first_scheduled_time)
 
 
 @dataclass

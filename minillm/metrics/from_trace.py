@@ -41,11 +41,11 @@ class RequestTimeline:
 
     @property
     def e2e_latency(self) -> float | None:
-        return None if self.finish_time is None else self.finish_time - self.arrival_time
+        return _latency.e2e_latency(self.arrival_time, self.finish_time)
 
     @property
     def queue_time(self) -> float | None:
-        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+        return _latency.queue_time(self.arrival_time, self.first_scheduled_time)
 
 
 def request_timelines(trace: list[StepTrace]) -> dict[str, RequestTimeline]:

@@ -1,4 +1,4 @@
-"""The one definition of the per-request latency metrics TTFT and TPOT.
+"""The one definition of the per-request latency metrics: TTFT, TPOT, end-to-end latency, queue time.
 
 Used both by the engine's live ``RequestMetrics`` (minillm.engine.outputs) and
 by the trace-derived ``RequestTimeline`` (minillm.metrics.from_trace), so the
@@ -27,3 +27,13 @@ def tpot(first_token_time: float | None, last_token_time: float | None, num_toke
     if first_token_time is None or last_token_time is None or num_tokens < 2:
         return None
     return (last_token_time - first_token_time) / (num_tokens - 1)
+
+
+def e2e_latency(arrival_time: float, finish_time: float | None) -> float | None:
+    """End-to-end latency, in seconds: from arrival to the request's last token (None while running)."""
+    return None if finish_time is None else finish_time - arrival_time
+
+
+def queue_time(arrival_time: float, first_scheduled_time: float | None) -> float | None:
+    """Time spent waiting, in seconds: from arrival to the first step that scheduled it."""
+    return None if first_scheduled_time is None else first_scheduled_time - arrival_time

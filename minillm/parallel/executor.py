@@ -69,19 +69,21 @@ class TensorParallelError(RuntimeError):
 
 
 # ----- how workers are started --------------------------------------------------------------
-def _openmp_runtime() -> ctypes.CDLL | None:
-    """GNU libgomp as loaded in this process (torch's wheels bundle it), or None."""
+def _openmp_runtimes() -> list[ctypes.CDLL]:
+    """Every GNU libgomp loaded in this process: torch's wheel bundles one, and other wheels bring
+    their own copies (sentencepiece's, for one), each with a thread pool of its own."""
     try:
         with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "libgomp" in line and "/" in line}
+            paths = sorted({line.split()[-1] for line in f if "libgomp" in line and "/" in line})
     except OSError:
-        return None
-    for path in sorted(paths):
+        return []
+    libs = []
+    for path in paths:
         try:
-            return ctypes.CDLL(path)  # already loaded: the same handle, nothing new initialised
+            libs.append(ctypes.CDLL(path))  # already loaded: the same handle, nothing new initialised
         except OSError:
             continue
-    return None
+    return libs
 
 
 def _release_openmp_pool() -> bool:
@@ -90,22 +92,25 @@ def _release_openmp_pool() -> bool:
     libgomp has no fork handler (GCC bug 60035): a child forked after the parent ran a parallel
     region with > 1 thread inherits a pool that says its threads exist, and its first parallel
     region (a matmul, an elementwise op on a large tensor) waits for them forever. Measured here
-    (torch 2.13 CPU, libgomp): parent ran a 2-thread matmul, child set 2 threads -> hangs on its
-    first matmul; with omp_pause_resource_all() called before fork the child runs, starting a
-    thread pool of its own. This process's next parallel region starts a new pool (thread
-    creation: microseconds). torch's own at-fork handlers cover its inter-op pool, not OpenMP.
+    (torch 2.13 CPU wheel, its bundled libgomp): the parent ran a 2-thread matmul, the forked
+    child set 2 threads and hung in its first matmul; with omp_pause_resource_all() called in
+    the parent just before fork, the child runs and starts a pool of its own (it then has 2
+    OpenMP threads). This process's next parallel region starts a new pool too (thread
+    creation: microseconds). Every loaded copy of libgomp is paused: loading a tokenizer can
+    bring sentencepiece's own copy. torch's own at-fork handlers reset its pthreadpool and
+    inter-op pool in the child, not OpenMP's pool.
     """
-    lib = _openmp_runtime()
-    if lib is None:
-        # no libgomp: torch's native pool (torch resets it in a forked child), or Intel/LLVM
-        # OpenMP (libiomp5 / libomp), which re-initialise themselves after fork
-        return True
-    try:
-        pause = lib.omp_pause_resource_all  # OpenMP 5.0, libgomp since GCC 9
-    except AttributeError:
-        return False
-    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
-    return pause(1) == 0  # omp_pause_soft; nonzero: called inside a parallel region
+    for lib in _openmp_runtimes():
+        try:
+            pause = lib.omp_pause_resource_all  # OpenMP 5.0, libgomp since GCC 9
+        except AttributeError:
+            return False
+        pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+        if pause(1) != 0:  # omp_pause_soft; nonzero: called inside a parallel region
+            return False
+    # no libgomp loaded: nothing to release (Intel / LLVM OpenMP, libiomp5 / libomp, carry fork
+    # handlers of their own; not measured here: torch's Linux wheels use libgomp)
+    return True
 
 
 def worker_start_method() -> tuple[str, str]:
