@@ -31,6 +31,10 @@ class LLM:
         from minillm.loader import load_model
 
         self.config = config = EngineConfig.from_kwargs(model=model, **options)  # bad options fail before the load
+        if config.world_size > 1:  # a spawned worker re-running an unguarded script stops before loading
+            from minillm.parallel.executor import refuse_unguarded_main
+
+            refuse_unguarded_main()
         torch.manual_seed(config.seed)
         dev = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.loaded = load_model(model, dtype=config.torch_dtype, device=dev)

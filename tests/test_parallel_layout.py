@@ -1,10 +1,11 @@
-"""Tensor parallelism without processes: who holds what, the bad sizes, the analytic model, old traces."""
+"""Tensor parallelism without processes: who holds what, the bad sizes, the analytic model, old traces, start method."""
 from __future__ import annotations
 
 import dataclasses
 import json
 
 import pytest
+import torch
 
 from minillm.config import ModelConfig
 from minillm.engine.trace import StepTrace, load_trace
@@ -116,3 +117,17 @@ def test_bad_pipeline_sizes_are_refused():
         LLM(tensor_parallel_size=2, pipeline_parallel_size=2)
     with pytest.raises(ValueError, match="pipeline_parallel_size must be"):
         LLM(pipeline_parallel_size=0)
+
+
+def test_workers_fork_unless_cuda_is_initialised():
+    """vLLM's rule: fork (no re-import of the main script), spawn once CUDA is initialised here."""
+    import sys
+    from unittest import mock
+
+    from minillm.parallel import executor
+
+    if sys.platform.startswith("linux") and not torch.cuda.is_initialized():
+        assert executor.worker_start_method()[0] == "fork"
+    with mock.patch.object(torch.cuda, "is_initialized", return_value=True):
+        method, why = executor.worker_start_method()
+    assert method == "spawn" and "CUDA" in why

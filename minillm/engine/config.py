@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
+from minillm.engine.block_manager import HASH_ALGOS as PREFIX_HASH_ALGOS
 from minillm.spec_decode.speculative_config import SpeculativeConfig, parse_speculative
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 ATTENTION_BACKENDS = ("torch", "triton")
-PREFIX_HASH_ALGOS = ("sha256", "builtin")
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

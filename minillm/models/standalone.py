@@ -13,16 +13,14 @@ from minillm.models.llama import LlamaForCausalLM
 
 
 def attach_private_cache(model: LlamaForCausalLM, num_tokens: int, block_size: int = 16, backend=None) -> list[int]:
-    """Give every attention layer a pool just big enough for num_tokens; returns the block table."""
+    """Give every attention layer a float pool just big enough for num_tokens; returns the block table."""
+    from minillm.engine.kv_cache import KVCachePlan, KVCachePool
+
     cfg = model.config
     nb = -(-num_tokens // block_size)
     dtype = model.embed_tokens.weight.dtype
-    device = model.embed_tokens.weight.device
-    for attn in model.attention_layers():
-        shape = (nb, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        attn.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-        attn.v_cache = torch.zeros(shape, dtype=dtype, device=device)
-        attn.backend = backend or TorchAttentionBackend()
+    plan = KVCachePlan(nb, block_size, dtype, cfg.kv_bytes_per_token(dtype) * block_size)
+    KVCachePool(cfg, plan, model.embed_tokens.weight.device).bind(model, backend or TorchAttentionBackend())
     return list(range(nb))
 
 

@@ -54,7 +54,7 @@ from minillm.parallel.worker import PIPELINE, TENSOR, WorkerArgs, shard_for, wor
 
 # None: choose (fork where safe, else spawn); "fork" / "spawn" / "forkserver" to force one (tests, debugging)
 START_METHOD: str | None = None
-# A spawned worker that re-ran an unguarded script up to LLM(...) exits with this code (see _refuse_unguarded_main)
+# A spawned worker that re-ran an unguarded script up to LLM(...) exits with this code (see refuse_unguarded_main)
 EXIT_UNGUARDED_MAIN = 87
 UNGUARDED_MAIN_HELP = (
     "the worker processes are started with 'spawn' ({why}), which runs the main script's top level again "
@@ -124,7 +124,7 @@ def worker_start_method() -> tuple[str, str]:
     return "fork", "Linux, CUDA not initialised"
 
 
-def _refuse_unguarded_main() -> None:
+def refuse_unguarded_main() -> None:
     """In a spawned worker that is re-running the user's script: stop here, before any process starts.
 
     multiprocessing would raise its "bootstrapping phase" RuntimeError a moment later; exiting
@@ -152,7 +152,7 @@ class MultiprocExecutor(Executor):
         raise NotImplementedError
 
     def __init__(self, model, config: EngineConfig) -> None:
-        _refuse_unguarded_main()
+        refuse_unguarded_main()
         size = config.world_size
         if size < 2:
             raise ValueError(f"{type(self).__name__} is for 2 or more ranks (one rank uses ModelRunner)")
