@@ -26,7 +26,7 @@ DEMO_PROMPTS = [
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct GGUF)")
+    p.add_argument("--model", default=None, help="a name from `minillm models`, a Hugging Face folder or Hub repo id, or a .gguf file (default: SmolLM2-135M-Instruct GGUF)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
     p.add_argument("--max-num-seqs", type=int, default=128)

@@ -41,7 +41,7 @@ def _log(msg: str) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--model", default=None, help="a name from `minillm models`, a Hugging Face folder or Hub repo id, or a GGUF file (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--compare", type=_peer_list, action="append", default=[],
@@ -68,7 +68,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     """The model, dtype and device flags every minillm-only sub-benchmark takes."""
-    p.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--model", default=None, help="a name from `minillm models`, a Hugging Face folder or Hub repo id, or a GGUF file (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--device", default=None)
 
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     qnt = sub.add_parser("quant", help="weight/KV quantization: batch-1 decode tok/s per setting, bytes per "
                                        "token and the bandwidth roof of each")
-    qnt.add_argument("--model", default=None, help="GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)")
+    qnt.add_argument("--model", default=None, help="a name from `minillm models`, a Hugging Face folder or Hub repo id, or a GGUF file (default: SmolLM2-135M-Instruct)")
     qnt.add_argument("--settings", default="float,int8,int4,gguf,gguf+head8,kv-int8,int4+head8+kv-int8",
                      help="comma list: float, int8, int4, int4-awq, gguf, head8 (int8 LM head), kv-int8, kv-fp8, "
                           "joined with '+'")

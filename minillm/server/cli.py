@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="minillm serve", description="an OpenAI-compatible server for minillm")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M-Instruct GGUF)")
+    p.add_argument("--model", default=None, help="a name from `minillm models`, a Hugging Face folder or Hub repo id, or a .gguf file (default: SmolLM2-135M-Instruct GGUF)")
     p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: from --model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
