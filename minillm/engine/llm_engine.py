@@ -73,13 +73,12 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._builder = RequestBuilder(tokenizer, cfg.vocab_size, self.max_model_len,
                                        plan.num_blocks * plan.block_size, self.executor.device)
-        self.speculative = config.speculative
         self.proposer = None
-        if self.speculative is not None:
+        if config.speculative is not None:
             from minillm.spec_decode.proposer import make_proposer
 
-            self.proposer = make_proposer(self.speculative, self.executor)
-            self.scheduler.num_lookahead_slots = self.speculative.num_tokens
+            self.proposer = make_proposer(config.speculative, self.executor)
+            self.scheduler.num_lookahead_slots = config.speculative.num_tokens
 
     @property
     def trace(self):
@@ -145,11 +144,11 @@ class LLMEngine:
 
     def set_num_speculative_tokens(self, k: int) -> None:
         """Change k on an idle engine (benchmarks sweep it); the proposer and its draft are kept."""
-        if self.speculative is None:
+        if self.config.speculative is None:
             raise ValueError("this engine has no speculative config")
         if self.has_unfinished_requests():
             raise ValueError("change num_tokens between runs, not while requests are in flight")
-        self.speculative = self.speculative.with_num_tokens(k)
+        self.config.speculative = self.config.speculative.with_num_tokens(k)
         self.scheduler.num_lookahead_slots = k
 
     def close(self) -> None:

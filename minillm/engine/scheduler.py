@@ -40,7 +40,6 @@ class ChosenTokens:
 class StepUpdate:
     """What `update` did, for the outputs and the trace."""
 
-    sampled: list[bool] = field(default_factory=list)  # per chunk: did it produce tokens
     emitted: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> tokens appended this step
     finished: list[Sequence] = field(default_factory=list)
     changed: list[Sequence] = field(default_factory=list)  # sequences whose output grew or ended
@@ -156,7 +155,6 @@ class Scheduler:
             seq.num_computed_tokens += c.num_new_tokens
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = start_time
-            up.sampled.append(picked is not None)
             self.bm.register_full_blocks(seq)
             if picked is None:
                 continue

@@ -45,7 +45,7 @@ class StepTracer:
             self.finished(seq)
         scheduled, spec = [], []
         pre = dec = n_spec = 0
-        for c, picked, sampled in zip(batch.chunks, chosen, update.sampled):
+        for c, picked in zip(batch.chunks, chosen):
             drafts = len(c.draft_token_ids)
             before = c.num_computed_before
             if drafts:
@@ -61,7 +61,7 @@ class StepTracer:
             n_spec += drafts
             scheduled.append(tr.ScheduledSeq(
                 c.seq.seq_id, c.seq.request_id, phase, c.num_query_tokens, before,
-                before + c.num_query_tokens, c.num_prefix_hit_tokens, c.seq.num_prompt_tokens, sampled,
+                before + c.num_query_tokens, c.num_prefix_hit_tokens, c.seq.num_prompt_tokens, picked is not None,
             ))
             if c.num_lookahead:
                 accepted = picked.num_accepted if picked is not None else 0
@@ -71,7 +71,7 @@ class StepTracer:
         cost = step_cost(
             self.model_config,
             [(c.num_query_tokens, c.num_computed_before + c.num_query_tokens) for c in batch.chunks],
-            sum(1 + len(c.draft_token_ids) for c, s in zip(batch.chunks, update.sampled) if s),
+            sum(1 + len(c.draft_token_ids) for c, picked in zip(batch.chunks, chosen) if picked is not None),
             self.bytes_per_weight, self.bytes_per_kv_elem,
         ) if batch.chunks else None
         ev = bm.take_events()
