@@ -39,6 +39,12 @@ writes its partial ``(m, l, acc)``; a second kernel combines them::
 
 Empty splits (short sequences) write m = -inf, l = 0, acc = 0 and get w = 0.
 
+Sliding window (``window``, Gemma 3's local layers): the query at position
+``seq_len - 1`` sees keys in ``(seq_len - 1 - window, seq_len - 1]``, so the key
+range simply starts at ``max(0, seq_len - window)`` instead of 0 and the splits
+divide that range; keys outside it are never loaded. No window is a window
+longer than any sequence (``NO_WINDOW``).
+
 Dtypes: the cache can be fp32, fp16 or bf16. On a GPU narrow tiles feed the
 tensor cores directly (fp32 accumulation); under the interpreter, and for
 fp32 caches, tiles are widened to fp32 right after the load (the interpreter's
@@ -75,7 +81,7 @@ def _decode_kernel(
     s_sb, s_so, s_sh,  # strides of the scale pools (QUANT only)
     s_btb,
     s_ob, s_oh, s_os, s_od,  # output strides (s_os: split axis of the partials)
-    qk_scale,
+    qk_scale, window,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, F32: tl.constexpr,
     QUANT: tl.constexpr,
@@ -98,9 +104,11 @@ def _decode_kernel(
         else:
             q = q.to(q_ptr.dtype.element_ty)  # codes are widened to q's dtype
 
-    # this program's key range [start, end); split sizes are whole tiles so only the last tile is ragged
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per_split
+    # this program's key range [start, end) within the window's [first, seq_len);
+    # split sizes are whole tiles so only the last tile is ragged
+    first = tl.maximum(seq_len - window, 0)
+    per_split = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
@@ -185,6 +193,7 @@ _GPU_CONFIGS = [
 ]
 _GPU_DEFAULT = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}  # used by the compile check
 _tuned = None
+NO_WINDOW = 1 << 30  # a window longer than any context: full attention, same kernel, no extra specialisation
 
 
 def _kernel_launcher(grid):
@@ -205,8 +214,11 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int, int, int]:
     return B, H, D, kvh
 
 
-def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits, k_scale=None, v_scale=None):
+def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits, k_scale=None, v_scale=None,
+            window=None):
     B, H, D, kvh = _check(q, k_cache)
+    window = NO_WINDOW if window is None else int(window)
+    assert 0 < window <= NO_WINDOW
     group = H // kvh
     f32 = compute_in_f32(q.dtype if k_scale is not None else k_cache.dtype)  # codes widen to q's dtype
     quant, k_cache, v_cache, scales = quant_launch_args(k_cache, v_cache, k_scale, v_scale)
@@ -218,7 +230,7 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits,
         run(q, k_cache, v_cache, scales[0], scales[1], block_tables, seq_lens, out, out, out,
             *q.stride(), *k_cache.stride(), *scales[2:], block_tables.stride(0),
             out.stride(0), out.stride(1), 0, out.stride(2),
-            qk_scale, HEAD_DIM=D, NUM_SPLITS=1, **consts, **extra)
+            qk_scale, window, HEAD_DIM=D, NUM_SPLITS=1, **consts, **extra)
         return out
     po = torch.empty(B, H, num_splits, D, dtype=torch.float32, device=q.device)
     pm = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
@@ -227,7 +239,7 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits,
     run(q, k_cache, v_cache, scales[0], scales[1], block_tables, seq_lens, po, pm, pl,
         *q.stride(), *k_cache.stride(), *scales[2:], block_tables.stride(0),
         po.stride(0), po.stride(1), po.stride(2), po.stride(3),
-        qk_scale, HEAD_DIM=D, NUM_SPLITS=num_splits, **consts, **extra)
+        qk_scale, window, HEAD_DIM=D, NUM_SPLITS=num_splits, **consts, **extra)
     _combine_kernel[(B, H)](
         po, pm, pl, out, *po.stride(), *out.stride(), H, HEAD_DIM=D,
         NUM_SPLITS=num_splits, SPLITS_PAD=next_pow2(num_splits), BLOCK_D=next_pow2(D, 16),
@@ -238,30 +250,32 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits,
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, window: int | None = None,
 ) -> torch.Tensor:
     """q [B,H,D], caches [blocks, block_size, kvh, D], block_tables int32 [B, max_blocks],
     seq_lens int32 [B] (>= 1) -> [B,H,D] in q's dtype (written into ``out`` if given).
-    int8 / float8_e4m3fn caches need their scale pools ``k_scale``, ``v_scale`` [blocks, block_size, kvh]."""
+    int8 / float8_e4m3fn caches need their scale pools ``k_scale``, ``v_scale`` [blocks, block_size, kvh].
+    ``window``: attend only to each sequence's last ``window`` keys (None: all)."""
     if out is None:
         out = torch.empty_like(q)
     if q.shape[0] == 0:
         return out
-    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, 1, k_scale, v_scale)
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, 1, k_scale, v_scale, window)
 
 
 def paged_decode_attention_split(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, num_splits: int, out: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, window: int | None = None,
 ) -> torch.Tensor:
-    """Flash-decoding: each sequence's keys split into ``num_splits`` ranges, then combined."""
+    """Flash-decoding: each sequence's keys (its last ``window`` with a window) split into ``num_splits``
+    ranges, then combined."""
     if out is None:
         out = torch.empty_like(q)
     if q.shape[0] == 0:
         return out
     return _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, max(1, int(num_splits)),
-                   k_scale, v_scale)
+                   k_scale, v_scale, window)
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_seq_len: int, num_sms: int = 132) -> int:
@@ -275,8 +289,10 @@ def choose_num_splits(batch: int, kv_heads: int, max_seq_len: int, num_sms: int 
 def paged_decode_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Plain PyTorch, one sequence at a time, fp32 math (quantized caches: dequantized K/V)."""
+    """Plain PyTorch, one sequence at a time, fp32 math (quantized caches: dequantized K/V);
+    with ``window`` only the keys at positions > seq_len - 1 - window."""
     from minillm.kernels.testing import gather_rows
 
     B, H, D, kvh = _check(q, k_cache)
@@ -285,6 +301,8 @@ def paged_decode_attention_ref(
     for b in range(B):
         n = int(seq_lens[b])
         pos = torch.arange(n, device=q.device)
+        if window is not None:
+            pos = pos[(n - 1) - pos < window]
         blocks = block_tables[b].long()[pos // bs]
         k = gather_rows(k_cache, k_scale, blocks, pos % bs)  # [n, kvh, D] fp32
         v = gather_rows(v_cache, v_scale, blocks, pos % bs)
@@ -321,7 +339,7 @@ def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, 
                    s_qb="i32:16", s_qh="i32:16", s_qd=1, s_cb="i32:16", s_co="i32:16", s_ch="i32:16", s_cd=1,
                    s_sb="i32", s_so="i32", s_sh=1 if quant else "i32",
                    s_btb="i32", s_ob="i32:16", s_oh="i32:16", s_os="i32:16" if splits > 1 else 0, s_od=1,
-                   qk_scale="fp32", HEAD_DIM=head_dim, NUM_SPLITS=splits, BLOCK_N=c["BLOCK_N"], **consts)
+                   qk_scale="fp32", window="i32", HEAD_DIM=head_dim, NUM_SPLITS=splits, BLOCK_N=c["BLOCK_N"], **consts)
         opts = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
         tile = f"N{c['BLOCK_N']},w{c['num_warps']},s{c['num_stages']}"
         kind = f"_{QUANT_NAME[quant]}kv" if quant else ""

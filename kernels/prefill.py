@@ -29,8 +29,21 @@ tile are visible to every row, so those whole tiles run with no causal mask
 (the FA-2 trick that makes most tiles cheap). The remaining tiles, up to the
 last query's position, apply ``key_pos <= q_pos`` and ``key_pos < seq_len``.
 Padded query rows (past the chunk) and padded head-dim lanes are masked on
-load/store. Every row sees key 0 in its first tile, so ``m`` is finite after
-the first tile and no ``-inf - -inf`` NaN can appear.
+load/store.
+
+Sliding window (``window``, Gemma 3's local layers): query ``p`` sees keys in
+``(p - window, p]``. The key loop then starts at the tile holding the first
+row's first key, ``first_pos - window + 1``, and gets a third phase in front:
+tiles that hold keys the tile's last row still sees but its first rows no longer
+do are masked with ``key_pos > q_pos - window`` as well; after them come the
+unmasked tiles (visible to every row both ways) and the causal tiles as before.
+All three ranges start and end on ``BLOCK_N`` boundaries, so no key is visited
+twice. No window is a window longer than any context (``NO_WINDOW``): the first
+phase is then empty and the loop is the one above (the window test in the
+masked tiles is always true). A row can see no key at all
+in a masked tile (the window has not reached it yet); its running max stays
+``-inf`` and is replaced by 0 in the exponentials, so no ``-inf - -inf`` NaN
+appears and such tiles add exactly nothing.
 
 GQA: query head ``h`` reads kv head ``h // GROUP``. Heads are the fastest grid
 axis, so the programs of one group run together and share the K/V tiles
@@ -51,15 +64,18 @@ import triton.language as tl
 from minillm.kernels._common import LOG2E, cast_out, compute_in_f32, interpreting, next_pow2
 from minillm.kernels.kv_quant import codes_to_f32
 from minillm.kernels.kv_store import quant_launch_args
+from minillm.kernels.paged_decode import NO_WINDOW
 
 
 @triton.jit
 def _attend_tiles(
     acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, s_head_off, d_ok, seq_len, qk_scale,
-    s_cb, s_co, s_sb, s_so, lo, hi,
+    s_cb, s_co, s_sb, s_so, lo, hi, window,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, F32: tl.constexpr, MASKED: tl.constexpr, QUANT: tl.constexpr,
 ):
-    """Online-softmax update of (acc, l, m) with the keys in [lo, hi)."""
+    """Online-softmax update of (acc, l, m) with the keys in [lo, hi).
+
+    MASKED: the causal, past-the-end and window masks; else every key is visible to every row."""
     n = tl.arange(0, BLOCK_N)
     for n0 in range(lo, hi, BLOCK_N):
         pos = n0 + n
@@ -89,11 +105,14 @@ def _attend_tiles(
         if QUANT != 0:
             s = s * k_sc[None, :]
         if MASKED:
-            vis = (pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+            vis = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window) & k_ok[None, :]
             s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_exp = m_new
+        if MASKED:  # a row with no visible key yet keeps m = -inf; exponentiate against 0 (p = alpha = 0)
+            m_exp = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_exp)
+        p = tl.exp2(s - m_exp[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if MASKED:
             v = tl.load(vc_ptr + ptr_off, mask=k_ok[:, None] & d_ok[None, :], other=0)
@@ -119,7 +138,7 @@ def _prefill_kernel(
     s_sb, s_so, s_sh,  # strides of the scale pools (QUANT only)
     s_btb,
     s_ot, s_oh, s_od,
-    qk_scale, first_seq,
+    qk_scale, first_seq, window,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, F32: tl.constexpr, QUANT: tl.constexpr,
 ):
@@ -156,15 +175,22 @@ def _prefill_kernel(
     s_head_off = (h // GROUP) * s_sh
 
     first_pos = ctx + tile * BLOCK_M
-    full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # keys < full_end are seen by every row
+    full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # keys < full_end are seen by every row (causally)
     hi = tl.minimum(first_pos + BLOCK_M, seq_len)  # one past the last query's position
+    # window: keys >= lo_w are seen by the first row, keys >= all_w by every row of the tile (padded ones too)
+    lo_w = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+    all_w = tl.maximum(first_pos + BLOCK_M - window, 0)
+    mid = tl.minimum(tl.maximum(tl.cdiv(all_w, BLOCK_N) * BLOCK_N, lo_w), full_end)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
-                                  s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, 0, full_end,
+                                  s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, lo_w, mid, window,
+                                  BLOCK_N, PAGE, F32, True, QUANT)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
+                                  s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, mid, full_end, window,
                                   BLOCK_N, PAGE, F32, False, QUANT)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
-                                  s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, full_end, hi,
+                                  s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, full_end, hi, window,
                                   BLOCK_N, PAGE, F32, True, QUANT)
-    out = acc / l_i[:, None]
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # padded rows past a windowed chunk may see no key
     tl.store(o_ptr + q_rows[:, None] * s_ot + h * s_oh + d[None, :] * s_od,
              cast_out(out, o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
@@ -195,9 +221,10 @@ def prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, *,
     out: torch.Tensor | None = None, max_query_len: int | None = None, first_seq: int = 0,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, window: int | None = None,
 ) -> torch.Tensor:
     """q [T,H,D] packed; cu_seqlens_q int32 [S+1]; seq_lens int32 [S]; block_tables int32 [S, max_blocks].
+    ``window``: query p attends to keys in (p - window, p] (None: all keys up to p).
 
     Returns [T,H,D] in q's dtype. Only sequences ``first_seq..S-1`` are computed
     (their rows of ``out``), so a caller can hand the decode sequences to the
@@ -215,6 +242,8 @@ def prefill_attention(
     if max_query_len is None:
         max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1])[first_seq:].max())
     kernel, extra = _kernel_launcher(max_query_len)
+    window = NO_WINDOW if window is None else int(window)
+    assert 0 < window <= NO_WINDOW
     f32 = compute_in_f32(q.dtype if k_scale is not None else k_cache.dtype)  # codes widen to q's dtype
     quant, k_cache, v_cache, scales = quant_launch_args(k_cache, v_cache, k_scale, v_scale)
 
@@ -224,7 +253,7 @@ def prefill_attention(
     kernel[grid](
         q, k_cache, v_cache, scales[0], scales[1], block_tables, cu_seqlens_q, seq_lens, out,
         *q.stride(), *k_cache.stride(), *scales[2:], block_tables.stride(0), *out.stride(),
-        scale * LOG2E, first_seq,
+        scale * LOG2E, first_seq, window,
         HEAD_DIM=D, GROUP=H // kvh, BLOCK_D=next_pow2(D, 16), PAGE=k_cache.shape[1],
         F32=f32, QUANT=quant, **extra,
     )
@@ -234,10 +263,10 @@ def prefill_attention(
 def prefill_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, window: int | None = None,
 ) -> torch.Tensor:
     """Plain PyTorch, one sequence at a time, fp32 math, explicit offset-causal mask
-    (quantized caches: dequantized K/V)."""
+    (quantized caches: dequantized K/V); ``window``: also masks keys at q_pos - window or before."""
     from minillm.kernels.testing import gather_rows
 
     T, H, D = q.shape
@@ -255,6 +284,8 @@ def prefill_attention_ref(
         qpos = torch.arange(n - (b - a), n, device=q.device)
         scores = torch.einsum("qhd,khd->hqk", q[a:b].float(), k) * scale
         scores.masked_fill_(pos[None, None, :] > qpos[None, :, None], float("-inf"))
+        if window is not None:
+            scores.masked_fill_(pos[None, None, :] <= qpos[None, :, None] - window, float("-inf"))
         out[a:b] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(q.dtype)
     return out
 
@@ -284,7 +315,7 @@ def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, 
                    o_ptr=p,
                    s_qt="i32:16", s_qh="i32:16", s_qd=1, s_cb="i32:16", s_co="i32:16", s_ch="i32:16", s_cd=1,
                    s_sb="i32", s_so="i32", s_sh=1 if quant else "i32",
-                   s_btb="i32", s_ot="i32:16", s_oh="i32:16", s_od=1, qk_scale="fp32", first_seq="i32",
+                   s_btb="i32", s_ot="i32:16", s_oh="i32:16", s_od=1, qk_scale="fp32", first_seq="i32", window="i32",
                    HEAD_DIM=head_dim,
                    GROUP=group, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=next_pow2(head_dim, 16),
                    PAGE=block_size, F32=dtype == torch.float32, QUANT=quant)

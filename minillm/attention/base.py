@@ -3,7 +3,11 @@
 The executor calls `prepare(meta, ...)` once per step before the forward (per-step
 state every layer reuses, e.g. the decode gather indices), then every attention
 layer calls `forward`. An int8/fp8 cache passes its per-token-per-head scales;
-a float cache passes None for both.
+a float cache passes None for both. A sliding-window layer (Gemma 3's local
+layers) passes ``window``: a query at position p attends only to keys at
+positions in (p - window, p], transformers' convention; None is full causal
+attention. Every key stays in the cache either way, so chunked prefill and
+prefix caching need nothing special.
 """
 from __future__ import annotations
 
@@ -32,5 +36,6 @@ class AttentionBackend(ABC):
         scale: float,
         k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32 (int8/fp8 caches)
         v_scale: torch.Tensor | None = None,
+        window: int | None = None,  # sliding window in positions (see the module docstring)
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...

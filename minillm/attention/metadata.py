@@ -12,11 +12,12 @@ Layout conventions shared by every backend and by the Triton kernels:
 * New K/V are written to their slots first (``slot_mapping``), then attention
   reads every key of the sequence -- cached prefix and the new chunk alike --
   through the block table. Query ``i`` of a chunk sits at absolute position
-  ``seq_lens[s] - query_len[s] + i`` and sees keys ``0 .. that position``.
+  ``seq_lens[s] - query_len[s] + i`` and sees keys ``0 .. that position``
+  (a sliding-window layer: only the last ``window`` of them, see base.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +39,8 @@ class AttentionMetadata:
     decode_slots: torch.Tensor | None = None  # int64 [num_decode_seqs * L] flat pool slot of every decode key
     decode_rows: torch.Tensor | None = None  # the same keys as rows of a cache seen as [-1, head_dim]
     decode_mask: torch.Tensor | None = None  # bool [num_decode_seqs, 1, 1, L]; None when all lengths are equal
+    # the same three for the sliding-window layers, per window: derived by the first such layer, shared after
+    decode_windowed: dict[int, tuple] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

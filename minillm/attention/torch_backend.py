@@ -12,6 +12,11 @@ a chunk that starts at position 0 with nothing cached uses its own K/V and the
 fused causal kernel, a chunk after a cached prefix reads the prefix through the
 block table and uses an explicit offset-causal mask.
 
+Sliding-window layers (``window``): a decode gathers only each sequence's last
+``window`` keys (its own slots and mask, derived once per step per window); a
+prefill chunk drops the keys no query of it can see and masks
+``q_pos - window < k_pos <= q_pos``.
+
 Quantized caches (int8 / fp8 with per-token-per-head scales, see kv_quant.py)
 take a separate path so the float path stays as it is: new K/V are quantized
 on store, and attention always reads the dequantized values -- for cached
@@ -44,16 +49,23 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) 
 
 
 def decode_gather_slots(block_tables: torch.Tensor, seq_lens: torch.Tensor, max_len: int, block_size: int,
-                        masked: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        masked: bool, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Flat pool slot of every (sequence, key position), and the padding mask.
 
     Computed once per step and shared by all layers: each layer then gathers
     its keys with a single index_select. Padding positions point into block 0
-    and are masked out.
+    and are masked out. With ``window`` < max_len only each sequence's last
+    ``window`` keys are listed (from max(0, seq_len - window) on).
     """
-    pos = torch.arange(max_len, device=block_tables.device)
-    slots = block_tables[:, pos // block_size].long() * block_size + pos % block_size  # [B, L]
-    mask = (pos[None, :] < seq_lens[:, None])[:, None, None, :] if masked else None
+    if window is None or window >= max_len:
+        pos = torch.arange(max_len, device=block_tables.device)
+        slots = block_tables[:, pos // block_size].long() * block_size + pos % block_size  # [B, L]
+        mask = (pos[None, :] < seq_lens[:, None])[:, None, None, :] if masked else None
+        return slots.reshape(-1), mask
+    start = (seq_lens.long() - window).clamp_min(0)
+    pos = start[:, None] + torch.arange(window, device=block_tables.device)[None, :]  # [B, window], in the table
+    slots = block_tables.gather(1, pos // block_size).long() * block_size + pos % block_size
+    mask = (pos < seq_lens[:, None])[:, None, None, :] if masked else None
     return slots.reshape(-1), mask
 
 
@@ -100,17 +112,24 @@ def decode_attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask:
 
 
 def prefill_one(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, scale: float, window: int | None = None
 ) -> torch.Tensor:
     """q: [Lq, H, D] (the last Lq positions), k/v: [seq_len, kvh, D] -> [Lq, H, D]."""
     lq = q.shape[0]
+    ctx = seq_len - lq  # position of the first query
+    windowed = window is not None and window < seq_len  # else no query can miss a key
+    lo = max(0, ctx - window + 1) if windowed else 0  # no query of this chunk sees keys below lo
+    k, v = k[lo:], v[lo:]
     qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    if lq == seq_len:
+    if lq == seq_len and not windowed:
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=True)
     else:
-        # query i sits at absolute position seq_len - lq + i and sees keys <= that
-        qpos = torch.arange(seq_len - lq, seq_len, device=q.device)
-        mask = torch.arange(seq_len, device=q.device)[None, :] <= qpos[:, None]
+        # query i sits at absolute position ctx + i and sees keys <= that (and > that - window)
+        qpos = torch.arange(ctx, seq_len, device=q.device)[:, None]
+        kpos = torch.arange(lo, seq_len, device=q.device)[None, :]
+        mask = kpos <= qpos
+        if windowed:
+            mask &= kpos > qpos - window
         out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=True)
     return out[0].transpose(0, 1)
 
@@ -142,13 +161,14 @@ def gather_dequant(cache: torch.Tensor, scales: torch.Tensor, slots: torch.Tenso
 def forward_quant(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     k_scale: torch.Tensor, v_scale: torch.Tensor, meta: AttentionMetadata, scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """The int8/fp8 cache path: quantize on store, dequantize every key and value read."""
     (kq, ks), (vq, vs) = store_kv_quant(k, v, k_cache, v_cache, k_scale, v_scale, meta.slot_mapping)
     bs, kvh, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     if torch.compiler.is_compiling():  # decode-only batches, tensors only (see TorchAttentionBackend)
         max_len = meta.block_tables.shape[1] * bs
-        slots, mask = decode_gather_slots(meta.block_tables, meta.seq_lens, max_len, bs, masked=True)
+        slots, mask = decode_gather_slots(meta.block_tables, meta.seq_lens, max_len, bs, masked=True, window=window)
         nd, lens = q.shape[0], None
     else:
         nd = meta.num_decode_seqs
@@ -156,7 +176,7 @@ def forward_quant(
     parts = []
     if nd:
         if lens is not None:
-            slots, mask = meta.decode_slots, meta.decode_mask
+            slots, _, mask = decode_state(meta, window, bs, kvh, quantized=True)
         keys = gather_dequant(k_cache, k_scale, slots, q.dtype).view(nd, -1, kvh, d).transpose(1, 2)
         vals = gather_dequant(v_cache, v_scale, slots, q.dtype).view(nd, -1, kvh, d).transpose(1, 2)
         parts.append(decode_attend(q[:nd], keys, vals, mask, scale))
@@ -174,9 +194,28 @@ def forward_quant(
             slots_i = table[pos // bs] * bs + pos % bs
             ki = gather_dequant(k_cache, k_scale, slots_i, q.dtype)
             vi = gather_dequant(v_cache, v_scale, slots_i, q.dtype)
-        parts.append(prefill_one(q[start : start + lq], ki, vi, sl, scale))
+        parts.append(prefill_one(q[start : start + lq], ki, vi, sl, scale, window))
         start += lq
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
+def decode_state(meta: AttentionMetadata, window: int | None, block_size: int, num_kv_heads: int,
+                 quantized: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(slots, rows, mask) of this step's decode keys for a layer with this window (eager steps).
+
+    Full attention, or a window no decode sequence is longer than, shares the
+    state prepare() derived; each shorter window is derived once, by its first layer."""
+    nd = meta.num_decode_seqs
+    lens = meta.seq_lens_list[:nd]
+    if window is None or window >= max(lens):
+        return meta.decode_slots, meta.decode_rows, meta.decode_mask
+    if window not in meta.decode_windowed:
+        seen = [min(n, window) for n in lens]  # keys each sequence attends to
+        slots, mask = decode_gather_slots(meta.block_tables[:nd], meta.seq_lens[:nd], max(lens), block_size,
+                                          masked=min(seen) != max(seen), window=window)
+        rows = None if quantized else decode_head_rows(slots, nd, num_kv_heads)
+        meta.decode_windowed[window] = (slots, rows, mask)
+    return meta.decode_windowed[window]
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -196,26 +235,28 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
         v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+        k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, window: int | None = None,
     ) -> torch.Tensor:
         if meta.num_decode_seqs and meta.decode_slots is None and not torch.compiler.is_compiling():
             # a direct caller (a test) that skipped prepare(): derive the step's state now
             self.prepare(meta, k_cache.shape[1], k_cache.shape[2], k_scale is not None)
         if k_scale is not None:  # int8 / fp8 cache: the pool binds each layer's scales (engine/kv_cache.py)
-            return forward_quant(q, k, v, k_cache, v_cache, k_scale, v_scale, meta, scale)
+            return forward_quant(q, k, v, k_cache, v_cache, k_scale, v_scale, meta, scale, window)
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         bs = k_cache.shape[1]
         if torch.compiler.is_compiling():
             # Under torch.compile the runner only sends decode-only batches; use tensors alone
             # (no Python lists) so one graph serves every batch size and context length.
             max_len = meta.block_tables.shape[1] * bs
-            slots, mask = decode_gather_slots(meta.block_tables, meta.seq_lens, max_len, bs, masked=True)
+            slots, mask = decode_gather_slots(meta.block_tables, meta.seq_lens, max_len, bs, masked=True,
+                                              window=window)
             rows = decode_head_rows(slots, q.shape[0], k_cache.shape[2])
             return paged_decode(q, k_cache, v_cache, rows, mask, scale)
         nd = meta.num_decode_seqs
         parts = []
         if nd:
-            parts.append(paged_decode(q[:nd], k_cache, v_cache, meta.decode_rows, meta.decode_mask, scale))
+            _, rows, mask = decode_state(meta, window, bs, k_cache.shape[2], quantized=False)
+            parts.append(paged_decode(q[:nd], k_cache, v_cache, rows, mask, scale))
         start = nd
         for i in range(nd, meta.num_seqs):
             lq, sl = meta.query_lens_list[i], meta.seq_lens_list[i]
@@ -225,6 +266,6 @@ class TorchAttentionBackend(AttentionBackend):
             else:
                 ki = gather_kv(k_cache, meta.block_tables[i : i + 1], sl)[0].to(q.dtype)
                 vi = gather_kv(v_cache, meta.block_tables[i : i + 1], sl)[0].to(q.dtype)
-            parts.append(prefill_one(qi, ki, vi, sl, scale))
+            parts.append(prefill_one(qi, ki, vi, sl, scale, window))
             start += lq
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

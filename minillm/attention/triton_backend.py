@@ -12,7 +12,8 @@ imported); that is for testing, the torch backend is the CPU fast path.
 
 int8 / fp8 caches: each layer passes its scale pools (bound by engine/kv_cache.py)
 and they are passed to the three kernels, which
-quantize on store and dequantize on load.
+quantize on store and dequantize on load. A sliding-window layer's ``window``
+goes to both attention kernels, which then never read keys outside it.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class TritonAttentionBackend(AttentionBackend):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
         v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-        k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+        k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, window: int | None = None,
     ) -> torch.Tensor:
         sc = {"k_scale": k_scale, "v_scale": v_scale}
         store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, **sc)
@@ -48,14 +49,16 @@ class TritonAttentionBackend(AttentionBackend):
         nd = meta.num_decode_seqs
         if nd:
             max_len = max(meta.seq_lens_list[:nd])
-            splits = choose_num_splits(nd, k_cache.shape[2], max_len, self._sms(q.device))
+            keys = max_len if window is None else min(max_len, window)  # what each program reads at most
+            splits = choose_num_splits(nd, k_cache.shape[2], keys, self._sms(q.device))
             paged_decode_attention_split(
-                q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale, splits, out=out[:nd], **sc
+                q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale, splits, out=out[:nd],
+                window=window, **sc,
             )
         if nd < meta.num_seqs:
             max_q = max(meta.query_lens_list[nd:])
             prefill_attention(
                 q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables, scale,
-                out=out, max_query_len=max_q, first_seq=nd, **sc,
+                out=out, max_query_len=max_q, first_seq=nd, window=window, **sc,
             )
         return out

@@ -14,14 +14,15 @@ import torch
 from torch import nn
 
 from minillm.config import ModelConfig
-from minillm.models.layers import rope_inv_freq
+from minillm.models.gemma3 import Gemma3ForCausalLM
+from minillm.models.layers import MLP_KINDS, rope_inv_freq
 from minillm.models.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# model_type values the one Llama-family implementation covers (SmolLM2 is "llama").
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# model_type values we implement: the one Llama-family decoder (SmolLM2 is "llama") and Gemma 3's text model.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 
 class ModelLoadError(ValueError):
@@ -52,6 +53,8 @@ def check_runnable(cfg: ModelConfig, path: str) -> None:
         rope_inv_freq(cfg)
     except (KeyError, ValueError) as e:
         raise ModelLoadError(path, f"{e} in rope_scaling {cfg.rope_scaling}") from e
+    if cfg.hidden_activation not in MLP_KINDS:
+        raise ModelLoadError(path, f"unsupported hidden_activation {cfg.hidden_activation!r}")
 
 
 @contextmanager
@@ -73,10 +76,15 @@ def _skip_random_init() -> Iterator[None]:
             cls.reset_parameters = fn
 
 
+def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
+    """Gemma 3's decoder (a LlamaForCausalLM with its own layers), or the one Llama-family decoder."""
+    return Gemma3ForCausalLM if cfg.is_gemma3 else LlamaForCausalLM
+
+
 def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device) -> LlamaForCausalLM:
     """The model on device with parameters in dtype, not yet initialised; buffers (RoPE tables) stay float32."""
     with _skip_random_init(), torch.device(device):
-        model = LlamaForCausalLM(cfg)
+        model = model_class(cfg)(cfg)
     for p in model.parameters():  # swapping .data keeps each Parameter object: tied weights stay tied
         p.data = torch.empty_like(p.data, dtype=dtype)
     return model

@@ -8,7 +8,12 @@ GGUF differs from a Hugging Face folder in three ways that matter here:
   attn_q / attn_k inside each head so that its interleaved RoPE (pairs
   (0,1), (2,3), ...) computes what Hugging Face's rotate-half RoPE (pairs
   (i, i + hd/2)) did. We undo that and keep rotate-half. Qwen2/Qwen3 use
-  rotate-half ("NEOX") in llama.cpp too, so their rows are left as they are.
+  rotate-half ("NEOX") in llama.cpp too, so their rows are left as they are;
+- for "gemma3", llama.cpp's converter stores every norm weight as 1 + w (its
+  RMSNorm multiplies by the weight alone); we subtract the 1 again, as
+  transformers' GGUF loader does, so the tensors are Hugging Face's. Its
+  sliding-window pattern and local RoPE theta are not in the metadata: llama.cpp
+  and transformers both fix them (every 6th layer global, theta 10000).
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from transformers import PreTrainedTokenizerFast
 from minillm.config import ModelConfig
 from minillm.loader.base import LoadedModel, ModelLoadError, check_runnable, empty_model, eos_union, fill_model
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 # llama.cpp tensor name -> Hugging Face name (the .weight / .bias suffix is carried over).
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -44,15 +49,25 @@ LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 norms both sides of each block: ffn_norm is the pre-MLP norm, and two post norms follow.
+GEMMA3_LAYER_NAMES = {
+    **LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+GEMMA3_SWA_PATTERN = 6  # llama.cpp's and transformers' default: layers 5, 11, 17, ... are global
+GEMMA3_LOCAL_THETA = 10000.0
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     """blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight; None if unknown."""
     m = _LAYER_RE.fullmatch(gguf_name)
     if m:
         layer, part, kind = m.groups()
-        return f"model.layers.{layer}.{LAYER_NAMES[part]}.{kind}" if part in LAYER_NAMES else None
+        names = GEMMA3_LAYER_NAMES if arch == "gemma3" else LAYER_NAMES
+        return f"model.layers.{layer}.{names[part]}.{kind}" if part in names else None
     base, _, kind = gguf_name.rpartition(".")
     return f"{GLOBAL_NAMES[base]}.{kind}" if base in GLOBAL_NAMES else None
 
@@ -126,11 +141,13 @@ def config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: st
     elif kind != "none":
         raise ModelLoadError(path, f"unsupported rope scaling type {kind!r}")
     eos = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]  # all end a turn
+    n_layers = int(get("block_count"))
+    gemma = gemma3_fields(get, n_layers, hidden, heads, head_dim) if arch == "gemma3" else {}
     return ModelConfig(
         vocab_size=int(tensors["token_embd.weight"].data.shape[0]),
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
-        num_hidden_layers=int(get("block_count")),
+        num_hidden_layers=n_layers,
         num_attention_heads=heads,
         num_key_value_heads=int(get("attention.head_count_kv", heads)),
         head_dim=head_dim,
@@ -144,6 +161,22 @@ def config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: st
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=eos_union(*eos),
         model_type=arch,
+        **gemma,
+    )
+
+
+def gemma3_fields(get, n_layers: int, hidden: int, heads: int, head_dim: int) -> dict[str, Any]:
+    """Gemma 3's ModelConfig fields from its metadata, with llama.cpp's fixed values where it has none."""
+    pattern = int(get("attention.sliding_window_pattern", GEMMA3_SWA_PATTERN))
+    # llama.cpp scales q by 1/sqrt(head_dim), except Gemma 3 27B (62 layers): 1/sqrt(hidden / heads)
+    scalar = hidden / heads if n_layers == 62 else head_dim
+    return dict(
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=float(scalar),
+        sliding_window=int(get("attention.sliding_window")),
+        layer_types=["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)],
+        rope_local_base_freq=float(get("rope.freq_base_swa", GEMMA3_LOCAL_THETA)),
+        final_logit_softcapping=get("final_logit_softcapping", None),
     )
 
 
@@ -151,7 +184,7 @@ def stream_tensors(reader: gguf.GGUFReader, cfg: ModelConfig, path: str) -> Iter
     """Dequantize one tensor at a time to float32 and yield it under its Hugging Face name."""
     permuted = cfg.model_type == "llama"
     for t in reader.tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, cfg.model_type)
         if name is None:
             raise ModelLoadError(path, f"unsupported tensor {t.name!r}")
         try:
@@ -164,6 +197,8 @@ def stream_tensors(reader: gguf.GGUFReader, cfg: ModelConfig, path: str) -> Iter
         if permuted and (".attn_q." in t.name or ".attn_k." in t.name):
             heads = cfg.num_attention_heads if ".attn_q." in t.name else cfg.num_key_value_heads
             w = unpermute_rope_rows(w, heads)
+        if cfg.is_gemma3 and t.name.endswith("norm.weight"):
+            w = w - 1.0  # stored as 1 + w (see the module docstring)
         yield name, w
 
 

@@ -14,18 +14,22 @@ class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in float32; optionally adds the residual first.
 
     Fusing the residual add into the norm (as vLLM does) saves one pass over the
-    hidden state per norm and keeps the layer loop short.
+    hidden state per norm and keeps the layer loop short. ``unit_offset``
+    (Gemma) stores w and scales by 1 + w, as Hugging Face's checkpoints do; the
+    product is taken in float32 before rounding to x's dtype, as in transformers.
     """
 
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, unit_offset: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        self.weight = nn.Parameter(torch.zeros(size) if unit_offset else torch.ones(size))
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight.float() + 1.0 if self.unit_offset else self.weight
         if x.dtype == torch.float32:  # one fused op; the eager path counts every op at batch 1
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+        return F.rms_norm(x.float(), (x.shape[-1],), w.float(), self.eps).to(x.dtype)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -36,11 +40,26 @@ class RMSNorm(nn.Module):
         return self._norm(residual), residual
 
 
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Per-pair rotation frequencies, with Llama 3's or linear context scaling applied."""
+class ScaledEmbedding(nn.Embedding):
+    """Gemma: token embeddings times sqrt(hidden), the factor rounded to the weight's dtype (as transformers)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        self.register_buffer("embed_scale", torch.tensor(embedding_dim**0.5), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_ids) * self.embed_scale.to(self.weight.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
+    """Per-pair rotation frequencies, with Llama 3's or linear context scaling applied.
+
+    ``local``: Gemma 3's sliding layers, their own theta and never scaled (as in transformers).
+    """
     dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    rs = cfg.rope_scaling
+    theta = (cfg.rope_local_base_freq or cfg.rope_theta) if local else cfg.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    rs = None if local else cfg.rope_scaling
     if not rs:
         return inv_freq
     kind = rs.get("rope_type", rs.get("type"))
@@ -66,9 +85,9 @@ class RotaryEmbedding(nn.Module):
     layer reuses them (`apply`), rotating q and k heads in one call.
     """
 
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int, local: bool = False) -> None:
         super().__init__()
-        inv_freq = rope_inv_freq(cfg)
+        inv_freq = rope_inv_freq(cfg, local)
         t = torch.arange(max_positions, dtype=torch.float64)
         freqs = torch.outer(t, inv_freq)  # [pos, head_dim / 2]
         self.register_buffer("cos", freqs.cos().float(), persistent=False)
@@ -99,6 +118,28 @@ class SwiGLU(nn.Module):
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
+    @staticmethod
+    def act(gate: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
+
+
+class GeGLU(SwiGLU):
+    """Gemma's gate: down(gelu_tanh(gate(x)) * up(x)) (transformers' "gelu_pytorch_tanh")."""
+
+    @staticmethod
+    def act(gate: torch.Tensor) -> torch.Tensor:
+        return F.gelu(gate, approximate="tanh")
+
+
+MLP_KINDS: dict[str, type[SwiGLU]] = {"silu": SwiGLU, "gelu_pytorch_tanh": GeGLU}
+
+
+def make_mlp(cfg: ModelConfig) -> SwiGLU:
+    if cfg.hidden_activation not in MLP_KINDS:
+        raise ValueError(f"unsupported hidden_activation {cfg.hidden_activation!r} "
+                         f"(supported: {', '.join(MLP_KINDS)})")
+    return MLP_KINDS[cfg.hidden_activation](cfg.hidden_size, cfg.intermediate_size)

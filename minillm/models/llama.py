@@ -17,22 +17,25 @@ from torch import nn
 from minillm.attention.base import AttentionBackend
 from minillm.attention.metadata import AttentionMetadata
 from minillm.config import ModelConfig
-from minillm.models.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from minillm.models.layers import RMSNorm, RotaryEmbedding, make_mlp
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
+        self.scale = (cfg.query_pre_attn_scalar or self.head_dim) ** -0.5
+        # None: full causal attention; else the backend masks keys at or beyond `window` positions back
+        self.sliding_window = cfg.layer_window(layer_idx)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        unit = cfg.is_gemma3
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, unit) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, unit) if cfg.qk_norm else None
         # Bound by the KV pool (engine/kv_cache.py): this layer's slice of the paged cache,
         # its per-token-per-head scales when the cache is int8/fp8 (else None), and the backend.
         self.k_cache = torch.empty(0)
@@ -53,17 +56,18 @@ class Attention(nn.Module):
         qk = RotaryEmbedding.apply(qk, *rope)  # cos/sin come from the model's one table (lookup, once a step)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         assert self.backend is not None, "the KV pool must be bound first (KVCachePool.bind)"
-        o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale, self.k_scale, self.v_scale)
+        o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale, self.k_scale, self.v_scale,
+                                 window=self.sliding_window)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = make_mlp(cfg)
 
     def forward(
         self,
@@ -91,16 +95,27 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
+    layer_cls: type[nn.Module] = DecoderLayer  # a subclass (models/gemma3.py) swaps the parts it changes
+
     def __init__(self, cfg: ModelConfig, max_positions: int | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.rotary = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = self.make_rotary(cfg, max_positions or cfg.max_position_embeddings)
+        self.embed_tokens = self.make_embedding(cfg)
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=cfg.is_gemma3)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    @staticmethod
+    def make_rotary(cfg: ModelConfig, max_positions: int) -> nn.Module:
+        """``rotary.lookup(positions)`` gives the step's RoPE tables every layer reads; ``rotary.cos`` sizes the context."""
+        return RotaryEmbedding(cfg, max_positions)
+
+    @staticmethod
+    def make_embedding(cfg: ModelConfig) -> nn.Embedding:
+        return nn.Embedding(cfg.vocab_size, cfg.hidden_size)
 
     @torch.no_grad()
     def use_k_major_weights(self) -> None:
