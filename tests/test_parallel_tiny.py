@@ -194,3 +194,44 @@ def test_an_interrupted_step_takes_the_engine_down_cleanly(tiny_folder):
         assert calls and not any(p.is_alive() for p in workers)
         with pytest.raises(TensorParallelError, match="half-done"):
             llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_threads_of_a_dead_process_group_make_the_next_engine_spawn(tiny_folder, monkeypatch):
+    """A child forked while an earlier group's gloo threads still run may block on their locks
+    (a CI run: the worker forked after the hung-worker test never loaded): spawn instead."""
+    from minillm.parallel import executor as executor_mod
+
+    monkeypatch.setattr(executor_mod, "_process_group_threads", lambda: ["pt_gloo_runloop", "gloo_tcp_loop"])
+    with LLM(tiny_folder, tensor_parallel_size=2, **ENGINE) as llm:
+        ex = llm.engine.executor
+        assert ex.start_method == "spawn"
+        assert "earlier process group" in ex._start_why and "pt_gloo_runloop" in ex._start_why
+        out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_a_dead_process_group_in_a_cycle_is_collected_before_fork(tiny_folder):
+    """The CI hang, reproduced: a failed engine's gloo group sat in a reference cycle; the forked
+    worker's garbage collector freed it and ~ProcessGroupGloo waited for threads the child lacks.
+    Rank 0 now collects it first (then forks, the group's threads gone)."""
+    import gc
+
+    import torch.distributed as dist
+
+    from minillm.parallel.executor import _process_group_threads
+    from minillm.parallel.group import free_port, init_group
+
+    gc.disable()  # keep the cycle until the engine's own collection
+    try:
+        init_group(0, 1, free_port(), torch.device("cpu"), 10.0)
+        cycle = [dist.group.WORLD]
+        cycle.append(cycle)
+        dist.destroy_process_group()
+        del cycle
+        assert _process_group_threads(), "the group in the cycle should still have its threads"
+        with LLM(tiny_folder, tensor_parallel_size=2, distributed_startup_timeout_s=120, **ENGINE) as llm:
+            assert llm.engine.executor.start_method == "fork", llm.engine.executor._start_why
+            out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 3
+    finally:
+        gc.enable()

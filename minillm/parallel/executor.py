@@ -21,7 +21,8 @@ that builds `LLM(tensor_parallel_size=2)` at its top level, with no
 `if __name__ == "__main__":` guard, works; under spawn each worker re-runs that
 top level, and the executor then stops with a TensorParallelError saying to add
 the guard. Fork is made safe for torch's OpenMP thread pool by releasing the pool
-just before forking (see `_release_openmp_pool`).
+just before forking (see `_release_openmp_pool`), and is not used while threads of
+an earlier process group still run here (see `_fork_blocker`).
 
 Failure handling: before each step rank 0 checks the workers are alive; inside
 a step, gloo raises when a peer's socket closes (a dead worker) or when rank 0
@@ -31,11 +32,14 @@ a TensorParallelError naming the rank, and the executor refuses further steps.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import queue
+import signal
 import sys
 import time
 import weakref
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -113,6 +117,57 @@ def _release_openmp_pool() -> bool:
     return True
 
 
+def _process_group_threads() -> list[str]:
+    """Names of torch.distributed's native threads running in this process (gloo's, the TCP store's)."""
+    names = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:  # not Linux: fork is not used there anyway
+        return names
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if comm.startswith(("pt_", "gloo")):
+            names.append(comm)
+    return names
+
+
+def _fork_blocker() -> str | None:
+    """Collect dead process groups here, then say why fork is still unsafe (None: it is safe).
+
+    An engine whose worker died or hung leaves its gloo process group in a reference
+    cycle (through the exception), alive with its threads after destroy_process_group.
+    Forked as it is, a child inherits the object but not the threads, and when the
+    child's garbage collector frees it, ~ProcessGroupGloo waits on those threads
+    forever. Seen in CI and reproduced (py-spy: the worker of the test after the
+    hung-worker test sat in ~ProcessGroupGloo, called from gc inside the tokenizer
+    load). So: collect here, where the threads exist, and freeze what is left at fork
+    (`_frozen_for_fork`); if a group's threads still run, spawn instead.
+    """
+    gc.collect()
+    deadline = time.monotonic() + 2.0
+    while _process_group_threads() and time.monotonic() < deadline:  # their joins finish
+        time.sleep(0.05)
+    left = _process_group_threads()
+    if left:
+        return f"threads of an earlier process group are still running here ({', '.join(sorted(set(left)))})"
+    return None
+
+
+@contextmanager
+def _frozen_for_fork():
+    """Children forked inside never collect the objects they inherit (gc.freeze), so no
+    inherited destructor can run in a process that lacks the threads it expects."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def worker_start_method() -> tuple[str, str]:
     """(start method, why): fork on Linux while CUDA is not initialised here, else spawn."""
     if START_METHOD is not None:
@@ -173,19 +228,24 @@ class MultiprocExecutor(Executor):
         threads = config.worker_threads or max(1, (os.cpu_count() or 1) // size)
         port = free_port()
         method, self._start_why = worker_start_method()
-        if method == "fork" and not _release_openmp_pool():
-            method, self._start_why = "spawn", "the OpenMP thread pool could not be released before fork"
+        if method == "fork":
+            blocker = _fork_blocker() if START_METHOD is None else None  # (a forced fork is the caller's call)
+            if blocker is None and not _release_openmp_pool():
+                blocker = "the OpenMP thread pool could not be released before fork"
+            if blocker is not None:
+                method, self._start_why = "spawn", blocker
         self.start_method = method
         ctx = mp.get_context(method)
         self._status = ctx.Queue()
         self.workers = []
-        for rank in range(1, size):
-            dev = f"cuda:{rank}" if device.type == "cuda" else "cpu"
-            args = WorkerArgs(rank, port, dev, self.mode, threads, config)
-            p = ctx.Process(target=worker_main, args=(args, self._status), daemon=True,
-                            name=f"minillm-{self.mode}{rank}")
-            p.start()
-            self.workers.append(p)
+        with _frozen_for_fork():
+            for rank in range(1, size):
+                dev = f"cuda:{rank}" if device.type == "cuda" else "cpu"
+                args = WorkerArgs(rank, port, dev, self.mode, threads, config)
+                p = ctx.Process(target=worker_main, args=(args, self._status), daemon=True,
+                                name=f"minillm-{self.mode}{rank}")
+                p.start()
+                self.workers.append(p)
         # from here on, whatever happens, the workers must not outlive this object: the
         # finalizer runs if it is garbage-collected unclosed, or at interpreter exit
         self._finalizer = weakref.finalize(self, _reap, self.workers)
@@ -249,12 +309,26 @@ class MultiprocExecutor(Executor):
                     raise TensorParallelError(
                         f"{self.what} worker {dead} exited while loading the model{self._worker_errors()}")
                 if time.monotonic() > deadline:
+                    self._dump_stacks(pending)
                     raise TensorParallelError(
-                        f"{self.what} workers {sorted(pending)} did not load the model within {timeout_s:.0f} s")
+                        f"{self.what} workers {sorted(pending)} did not load the model within {timeout_s:.0f} s "
+                        f"(started with {self.start_method!r}: {self._start_why}; their Python stacks were "
+                        f"written to stderr)")
                 continue
             if what == "error":
                 raise TensorParallelError(f"{self.what} worker rank {rank} failed to start:\n{info}")
             pending.discard(rank)
+
+    def _dump_stacks(self, ranks) -> None:
+        """Ask stuck workers to print every thread's Python stack (faulthandler, set up in worker_main)."""
+        for rank in ranks:
+            p = self.workers[rank - 1]
+            if p.is_alive() and p.pid is not None:
+                try:
+                    os.kill(p.pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+        time.sleep(1.0)  # let them write before they are killed
 
     def _dead_workers(self) -> str:
         return ", ".join(f"rank {r} (exit code {p.exitcode})" for r, p in enumerate(self.workers, 1)

@@ -8,7 +8,10 @@ through a queue as text, so the front end can show the worker's traceback.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
+import sys
 import traceback
 from dataclasses import dataclass
 
@@ -60,6 +63,8 @@ def run_step(mode: str, runner, batch):
 
 def worker_main(args: WorkerArgs, status) -> None:
     """Entry point of a worker process. `status` is a multiprocessing queue back to rank 0."""
+    # rank 0 sends SIGUSR1 when this worker is stuck (e.g. never loads): print where every thread is
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     try:
         from minillm.engine.kv_cache import plan_kv_cache
         from minillm.engine.model_runner import ModelRunner
