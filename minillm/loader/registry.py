@@ -210,6 +210,11 @@ def part_path(part: ModelPart) -> Path | None:
     return None
 
 
+def is_installed(name: str) -> bool:
+    """Whether every chunk package of registered model `name` is installed (located, not read or hashed)."""
+    return all(part_path(p) is not None for p in get_registered(name).parts)
+
+
 def assembled_path(model: RegisteredModel, cache: Path | None = None) -> Path:
     return (cache if cache is not None else cache_dir()) / model.gguf_name
 
