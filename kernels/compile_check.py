@@ -37,6 +37,8 @@ def specs(all_configs: bool = False) -> list[tuple]:
             out += [(dtype, *s) for s in paged_decode.gpu_compile_specs(dtype, head_dim=hd, group=group)]
             cfgs = prefill.all_gpu_configs() if (all_configs and dtype == torch.bfloat16 and hd == 128) else None
             out += [(dtype, *s) for s in prefill.gpu_compile_specs(dtype, head_dim=hd, group=group, configs=cfgs)]
+    # the sliding-window prefill (Gemma 3's local layers): its extra key phase, once, bf16 big-model shape
+    out += [(torch.bfloat16, *s) for s in prefill.gpu_compile_specs(torch.bfloat16, quant=0, windowed=True)]
     if all_configs:
         for c in paged_decode._GPU_CONFIGS:
             cfg = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}

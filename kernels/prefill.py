@@ -38,9 +38,8 @@ tiles that hold keys the tile's last row still sees but its first rows no longer
 do are masked with ``key_pos > q_pos - window`` as well; after them come the
 unmasked tiles (visible to every row both ways) and the causal tiles as before.
 All three ranges start and end on ``BLOCK_N`` boundaries, so no key is visited
-twice. No window is a window longer than any context (``NO_WINDOW``): the first
-phase is then empty and the loop is the one above (the window test in the
-masked tiles is always true). A row can see no key at all
+twice. Without a window (``WINDOWED`` 0) that phase and the window test are not
+compiled in at all and the loop is the one above. A row can see no key at all
 in a masked tile (the window has not reached it yet); its running max stays
 ``-inf`` and is replaced by 0 in the exponentials, so no ``-inf - -inf`` NaN
 appears and such tiles add exactly nothing.
@@ -72,10 +71,11 @@ def _attend_tiles(
     acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, s_head_off, d_ok, seq_len, qk_scale,
     s_cb, s_co, s_sb, s_so, lo, hi, window,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, F32: tl.constexpr, MASKED: tl.constexpr, QUANT: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     """Online-softmax update of (acc, l, m) with the keys in [lo, hi).
 
-    MASKED: the causal, past-the-end and window masks; else every key is visible to every row."""
+    MASKED: the causal and past-the-end masks (WINDOWED: and the window's); else every key is visible."""
     n = tl.arange(0, BLOCK_N)
     for n0 in range(lo, hi, BLOCK_N):
         pos = n0 + n
@@ -105,11 +105,13 @@ def _attend_tiles(
         if QUANT != 0:
             s = s * k_sc[None, :]
         if MASKED:
-            vis = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window) & k_ok[None, :]
+            vis = (pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+            if WINDOWED:
+                vis = vis & (pos[None, :] > q_pos[:, None] - window)
             s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_exp = m_new
-        if MASKED:  # a row with no visible key yet keeps m = -inf; exponentiate against 0 (p = alpha = 0)
+        if MASKED and WINDOWED:  # a row with no visible key yet keeps m = -inf; exponentiate against 0 instead
             m_exp = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_exp)
         p = tl.exp2(s - m_exp[:, None])
@@ -140,7 +142,7 @@ def _prefill_kernel(
     s_ot, s_oh, s_od,
     qk_scale, first_seq, window,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGE: tl.constexpr, F32: tl.constexpr, QUANT: tl.constexpr,
+    PAGE: tl.constexpr, F32: tl.constexpr, QUANT: tl.constexpr, WINDOWED: tl.constexpr,
 ):
     h = tl.program_id(0)
     seq = tl.program_id(2) + first_seq
@@ -177,19 +179,20 @@ def _prefill_kernel(
     first_pos = ctx + tile * BLOCK_M
     full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # keys < full_end are seen by every row (causally)
     hi = tl.minimum(first_pos + BLOCK_M, seq_len)  # one past the last query's position
-    # window: keys >= lo_w are seen by the first row, keys >= all_w by every row of the tile (padded ones too)
-    lo_w = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
-    all_w = tl.maximum(first_pos + BLOCK_M - window, 0)
-    mid = tl.minimum(tl.maximum(tl.cdiv(all_w, BLOCK_N) * BLOCK_N, lo_w), full_end)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
-                                  s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, lo_w, mid, window,
-                                  BLOCK_N, PAGE, F32, True, QUANT)
+    mid = 0
+    if WINDOWED:  # keys >= lo_w are seen by the first row, keys >= all_w by every row of the tile (padded ones too)
+        lo_w = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+        all_w = tl.maximum(first_pos + BLOCK_M - window, 0)
+        mid = tl.minimum(tl.maximum(tl.cdiv(all_w, BLOCK_N) * BLOCK_N, lo_w), full_end)
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
+                                      s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, lo_w, mid, window,
+                                      BLOCK_N, PAGE, F32, True, QUANT, True)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
                                   s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, mid, full_end, window,
-                                  BLOCK_N, PAGE, F32, False, QUANT)
+                                  BLOCK_N, PAGE, F32, False, QUANT, WINDOWED)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
                                   s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, full_end, hi, window,
-                                  BLOCK_N, PAGE, F32, True, QUANT)
+                                  BLOCK_N, PAGE, F32, True, QUANT, WINDOWED)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # padded rows past a windowed chunk may see no key
     tl.store(o_ptr + q_rows[:, None] * s_ot + h * s_oh + d[None, :] * s_od,
              cast_out(out, o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
@@ -213,7 +216,8 @@ def _kernel_launcher(max_q: int):
         return _prefill_kernel, {"BLOCK_M": bm, "BLOCK_N": 64}
     bucket = min(next_pow2(max_q, 16), 4096)
     if bucket not in _tuned:
-        _tuned[bucket] = triton.autotune(_GPU_CONFIGS, key=["BLOCK_D", "PAGE", "GROUP", "QUANT"])(_prefill_kernel)
+        _tuned[bucket] = triton.autotune(_GPU_CONFIGS, key=["BLOCK_D", "PAGE", "GROUP", "QUANT", "WINDOWED"])(
+            _prefill_kernel)
     return _tuned[bucket], {}
 
 
@@ -255,7 +259,7 @@ def prefill_attention(
         *q.stride(), *k_cache.stride(), *scales[2:], block_tables.stride(0), *out.stride(),
         scale * LOG2E, first_seq, window,
         HEAD_DIM=D, GROUP=H // kvh, BLOCK_D=next_pow2(D, 16), PAGE=k_cache.shape[1],
-        F32=f32, QUANT=quant, **extra,
+        F32=f32, QUANT=quant, WINDOWED=window < NO_WINDOW, **extra,
     )
     return out
 
@@ -291,15 +295,17 @@ def prefill_attention_ref(
 
 
 def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, group: int = 4,
-                      block_size: int = 16, configs: list | None = None, quant: int | None = None) -> list[tuple]:
+                      block_size: int = 16, configs: list | None = None, quant: int | None = None,
+                      windowed: bool = False) -> list[tuple]:
     """(name, kernel, signature, options) for compile checks without a GPU.
 
     ``quant`` (kv_quant.QUANT_INT8 / QUANT_FP8): the quantized-cache variant, ``dtype`` being q's;
-    by default bf16 also yields both quantized variants (default tile only)."""
+    by default bf16 also yields both quantized variants (default tile only). ``windowed``: the
+    sliding-window variant (its extra key phase) instead."""
     from minillm.kernels._common import TRITON_PTR
     from minillm.kernels.kv_quant import QUANT_FP8, QUANT_INT8, QUANT_NAME, QUANT_PTR
 
-    if quant is None and dtype == torch.bfloat16:
+    if quant is None and dtype == torch.bfloat16 and not windowed:
         return gpu_compile_specs(dtype, head_dim, group, block_size, configs, quant=0) + [
             s for qm in (QUANT_INT8, QUANT_FP8)
             for s in gpu_compile_specs(dtype, head_dim, group, block_size, quant=qm)]
@@ -318,10 +324,11 @@ def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, 
                    s_btb="i32", s_ot="i32:16", s_oh="i32:16", s_od=1, qk_scale="fp32", first_seq="i32", window="i32",
                    HEAD_DIM=head_dim,
                    GROUP=group, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=next_pow2(head_dim, 16),
-                   PAGE=block_size, F32=dtype == torch.float32, QUANT=quant)
+                   PAGE=block_size, F32=dtype == torch.float32, QUANT=quant, WINDOWED=windowed)
         opts = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
         tile = f"{c['BLOCK_M']}x{c['BLOCK_N']},w{c['num_warps']},s{c['num_stages']}"
-        specs.append((f"prefill{kind}[D{head_dim},G{group},{tile}]", _prefill_kernel, sig, opts))
+        name = f"prefill{kind}{'_window' if windowed else ''}[D{head_dim},G{group},{tile}]"
+        specs.append((name, _prefill_kernel, sig, opts))
     return specs
 
 
