@@ -5,7 +5,8 @@ embed -> N x (RMSNorm, attention with RoPE and GQA, RMSNorm, SwiGLU MLP) -> norm
 Q, K, V live in one fused ``qkv_proj`` and gate/up in one ``gate_up_proj``
 (fewer, larger matmuls); ``load_weights`` maps Hugging Face's separate
 tensors into their slices. The attention itself is delegated to a backend that
-reads and writes the paged KV cache (minillm/attention).
+reads and writes the paged KV cache (minillm/attention). Gemma 3
+(models/gemma3.py) subclasses this model and swaps its layers, embedding and RoPE.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = (cfg.query_pre_attn_scalar or self.head_dim) ** -0.5
-        # None: full causal attention; else the backend masks keys at or beyond `window` positions back
+        # None: full causal attention; else the query at p sees only keys in (p - window, p] (Gemma 3's local layers)
         self.sliding_window = cfg.layer_window(layer_idx)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
