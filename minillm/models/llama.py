@@ -30,7 +30,7 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = (cfg.query_pre_attn_scalar or self.head_dim) ** -0.5
-        # None: full causal attention; else the query at p sees only keys in (p - window, p] (Gemma 3's local layers)
+        # None: full causal attention; else a query at p sees keys in (p - window, p] (Gemma 3 local layers)
         self.sliding_window = cfg.layer_window(layer_idx)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
@@ -111,7 +111,7 @@ class LlamaForCausalLM(nn.Module):
 
     @staticmethod
     def make_rotary(cfg: ModelConfig, max_positions: int) -> nn.Module:
-        """``rotary.lookup(positions)`` gives the step's RoPE tables every layer reads; ``rotary.cos`` sizes the context."""
+        """``rotary.lookup(positions)``: the step's RoPE tables every layer reads; ``rotary.cos`` sizes the context."""
         return RotaryEmbedding(cfg, max_positions)
 
     @staticmethod
