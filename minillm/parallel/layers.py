@@ -30,16 +30,24 @@ class RowParallelLinear(nn.Linear):
 
 
 class VocabParallelEmbedding(nn.Embedding):
-    """Each rank holds rows [start, start + rows) of the table; ids elsewhere give zeros; all-reduce sums."""
+    """Each rank holds rows [start, start + rows) of the table; ids elsewhere give zeros; all-reduce sums.
 
-    def __init__(self, rows: int, hidden: int, start: int, vocab_size: int) -> None:
+    embed_scale: Gemma's sqrt(hidden) factor of the embedding it replaces (models/layers.py
+    ScaledEmbedding), applied to the rank's rows before the sum, in the weight's dtype as there.
+    """
+
+    def __init__(self, rows: int, hidden: int, start: int, vocab_size: int,
+                 embed_scale: torch.Tensor | None = None) -> None:
         super().__init__(rows, hidden)
         self.start, self.vocab_size = start, vocab_size
+        self.embed_scale = embed_scale
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.start
         outside = (local < 0) | (local >= self.num_embeddings)
         x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale.to(device=x.device, dtype=self.weight.dtype)
         return comm.all_reduce(x.masked_fill(outside.unsqueeze(-1), 0))
 
 

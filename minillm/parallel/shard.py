@@ -135,8 +135,11 @@ def shard_model(model: nn.Module, rank: int, size: int) -> nn.Module:
         m.gate_up_proj = _linear(m.gate_up_proj.weight[gu_idx.to(dev)], None)
         m.down_proj = _row_parallel(m.down_proj, mlp_cols.to(dev), rank)
     emb = model.embed_tokens.weight
+    scale = getattr(model.embed_tokens, "embed_scale", None)  # Gemma: sqrt(hidden), kept (a plain copy)
+    scale = None if scale is None else scale.detach().clone()
     with torch.device("meta"):
-        embed = VocabParallelEmbedding(s.vocab_rows_padded, cfg.hidden_size, s.vocab_rows[0], cfg.vocab_size)
+        embed = VocabParallelEmbedding(s.vocab_rows_padded, cfg.hidden_size, s.vocab_rows[0], cfg.vocab_size,
+                                       embed_scale=scale)
         head = ParallelLMHead(cfg.hidden_size, s.vocab_rows_padded, cfg.vocab_size)
     embed.weight = nn.Parameter(_vocab_rows(emb, s), requires_grad=False)
     if cfg.tie_word_embeddings:
