@@ -181,7 +181,7 @@ def test_every_q4k_tensor_of_the_real_file_packs_exactly_and_matmuls_within_tole
 
 PROMPTS = ["def fibonacci(n):", "import numpy as np\n\n# load a csv file", "class Stack:\n    def __init__(self):",
            "The capital of France is"]
-GREEDY_TOKENS = 24
+GREEDY_TOKENS = 16
 # The packed model computes with bf16-rounded scales, activations and outputs in 12 of 96
 # linears; greedy decoding can flip at a near-tie and then diverge for the rest of the
 # sequence. Measured agreement 1.0 on these prompts; 0.75 of the positions must agree
@@ -189,15 +189,15 @@ GREEDY_TOKENS = 24
 MIN_AGREEMENT = 0.75
 
 
-@pytest.mark.slow  # two loads of the 0.5B model (~15 s each) + 2 x 24 decode steps of 4 sequences
+@pytest.mark.slow  # two loads of the 0.5B model (~15 s each) + 2 x 16 decode steps of 4 sequences
 def test_real_model_greedy_tokens_agree_with_the_dequantized_float_model():
     from minillm import LLM, SamplingParams
 
     _real_path()
     sp = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
-    with LLM(REAL) as ref:
+    with LLM(REAL, num_kv_blocks=32) as ref:
         want = [o.outputs[0].token_ids for o in ref.generate(PROMPTS, sp, use_tqdm=False)]
-    with LLM(REAL, quantization="gguf") as q:
+    with LLM(REAL, quantization="gguf", num_kv_blocks=32) as q:
         packed = [n for n, r in q.quantization_report.items() if r.endswith("int4 g32")]
         assert packed and all(n.endswith("mlp.down_proj") for n in packed), q.quantization_report
         got = [o.outputs[0].token_ids for o in q.generate(PROMPTS, sp, use_tqdm=False)]
