@@ -137,7 +137,7 @@ def cmd_models(a: argparse.Namespace) -> int:
         note = lambda m, t: print(f"assembling {m.name} ({m.size / 1e9:.2f} GB) into {t} ...", file=sys.stderr)  # noqa: E731
         try:
             print(registry.resolve_registered(a.assemble, on_assemble=note))
-        except (KeyError, FileNotFoundError, ValueError) as e:  # ModelLoadError is a ValueError
+        except (KeyError, OSError, ValueError) as e:  # ModelLoadError is a ValueError; OSError: the cache
             print(f"minillm models: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
             return 1
         return 0

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import gguf
 import numpy as np
 import torch
-from gguf import GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize
 from transformers import PreTrainedTokenizerFast
 
@@ -180,6 +180,14 @@ def gemma3_fields(get, n_layers: int, hidden: int, heads: int, head_dim: int) ->
     )
 
 
+def supported_tensor_types() -> list[str]:
+    """GGML tensor types this loader can turn into floats (what gguf-py dequantizes)."""
+    from gguf import quants
+
+    plain = [GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16]
+    return list(dict.fromkeys([t.name for t in plain] + sorted(t.name for t in getattr(quants, "_type_traits", {}))))
+
+
 def stream_tensors(reader: gguf.GGUFReader, cfg: ModelConfig, path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """Dequantize one tensor at a time to float32 and yield it under its Hugging Face name."""
     permuted = cfg.model_type == "llama"
@@ -189,7 +197,10 @@ def stream_tensors(reader: gguf.GGUFReader, cfg: ModelConfig, path: str) -> Iter
             raise ModelLoadError(path, f"unsupported tensor {t.name!r}")
         try:
             arr = dequantize(t.data, t.tensor_type)
-        except Exception as e:  # unknown quant type, or a block count that does not fit
+        except NotImplementedError as e:  # a type gguf-py can read but not dequantize (Q8_1, ...)
+            raise ModelLoadError(path, f"unsupported tensor type {t.tensor_type.name} (tensor {t.name}); "
+                                       f"supported: {', '.join(supported_tensor_types())}") from e
+        except Exception as e:  # a block count that does not fit the shape
             raise ModelLoadError(path, f"cannot dequantize {t.name} ({t.tensor_type.name}): {e}") from e
         with warnings.catch_warnings():  # F32 tensors come back as read-only views of the mmap; we only read them
             warnings.simplefilter("ignore", UserWarning)
@@ -221,6 +232,12 @@ def load_tokenizer(path: Path, meta: dict[str, Any]):
 def load_gguf(path: Path, dtype: torch.dtype, device: str | torch.device) -> LoadedModel:
     try:
         reader = _Reader(path)
+    except ValueError as e:
+        if "GGMLQuantizationType" not in str(e):
+            raise ModelLoadError(str(path), f"not a readable GGUF file: corrupt or truncated (ValueError: {e})") from e
+        type_id = str(e).split()[0]  # gguf-py: "99 is not a valid GGMLQuantizationType"
+        raise ModelLoadError(str(path), f"unsupported tensor type id {type_id} (not a GGML type this gguf "
+                                        f"package knows; supported: {', '.join(supported_tensor_types())})") from e
     except Exception as e:  # bad magic, truncated header or tensor data, ...
         problem = f"not a readable GGUF file: corrupt or truncated ({type(e).__name__}: {e})"
         raise ModelLoadError(str(path), problem) from e
