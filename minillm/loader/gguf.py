@@ -235,7 +235,8 @@ def load_gguf(path: Path, dtype: torch.dtype, device: str | torch.device) -> Loa
     except ValueError as e:
         if "GGMLQuantizationType" not in str(e):
             raise ModelLoadError(str(path), f"not a readable GGUF file: corrupt or truncated (ValueError: {e})") from e
-        type_id = str(e).split()[0]  # gguf-py: "99 is not a valid GGMLQuantizationType"
+        # gguf-py: "99 is not a valid GGMLQuantizationType" (or "np.uint32(99) ...")
+        type_id = (re.findall(r"\d+", str(e).split(" is not")[0]) or ["?"])[-1]
         raise ModelLoadError(str(path), f"unsupported tensor type id {type_id} (not a GGML type this gguf "
                                         f"package knows; supported: {', '.join(supported_tensor_types())})") from e
     except Exception as e:  # bad magic, truncated header or tensor data, ...
