@@ -128,9 +128,12 @@ def quantize_model(
         inputs = capture_inputs(model, calibration, awq_max_rows)
     for i, layer in enumerate(model.layers):
         attn, mlp = layer.self_attn, layer.mlp
+        # the norm right before the MLP: Gemma 3's pre_feedforward_layernorm (its post_attention one
+        # norms the attention output), else post_attention_layernorm
+        mlp_norm = getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
         plan = [  # (name, module, where 1/s goes) -- down_proj before gate_up_proj: its 1/s lands in `up` rows
             (f"layers.{i}.mlp.down_proj", mlp.down_proj, "up_rows"),
-            (f"layers.{i}.mlp.gate_up_proj", mlp.gate_up_proj, layer.post_attention_layernorm),
+            (f"layers.{i}.mlp.gate_up_proj", mlp.gate_up_proj, mlp_norm),
             (f"layers.{i}.self_attn.qkv_proj", attn.qkv_proj, layer.input_layernorm),
             (f"layers.{i}.self_attn.o_proj", attn.o_proj, "runtime"),
         ]
@@ -147,12 +150,20 @@ def quantize_model(
                 elif fold == "runtime":
                     input_scale = 1.0 / s
                 else:
-                    fold.weight /= s.to(fold.weight.dtype)
+                    _divide_norm(fold, s)
             q = QuantLinear.from_float(w, bits, g, bias=bias, input_scale=input_scale).to(w.device)
             if use_cpu_kernels and w.device.type == "cpu":
                 q.use_cpu_kernels()
             _swap(model, name, q)
     return model
+
+
+def _divide_norm(norm, s: torch.Tensor) -> None:
+    """Fold 1/s into an RMSNorm's scale; a Gemma norm scales by (1 + w), so w becomes (1 + w) / s - 1."""
+    if getattr(norm, "unit_offset", False):
+        norm.weight.copy_(((1.0 + norm.weight.float()) / s - 1.0).to(norm.weight.dtype))
+    else:
+        norm.weight /= s.to(norm.weight.dtype)
 
 
 @torch.no_grad()
