@@ -10,7 +10,6 @@ without a streamer nothing returns before the whole batch is done).
 from __future__ import annotations
 
 import importlib.util
-import os
 import time
 from dataclasses import dataclass
 
@@ -30,12 +29,16 @@ def default_gguf() -> tuple[str, str]:
 
 
 def resolve_model_path(model: str | None) -> tuple[str, str | None]:
-    """(folder, gguf file or None) for transformers' from_pretrained."""
+    """(folder, gguf file or None) for transformers' from_pretrained (and llama.cpp's file path):
+    the same names minillm's loader takes -- a path, a Hub repo id, a name from `minillm models`."""
     if model is None:
         return default_gguf()
-    if model.endswith(".gguf"):
-        return os.path.dirname(os.path.abspath(model)), os.path.basename(model)
-    return model, None
+    from minillm.loader import resolve_model_path as resolve
+
+    p = resolve(model)
+    if p.suffix.lower() == ".gguf":
+        return str(p.parent), p.name
+    return str(p), None
 
 
 class _TimingStreamer:
