@@ -18,7 +18,7 @@ from minillm.quant.linear import QuantLinear
 
 METHODS = ("int8", "int4", "int4-awq")
 DEFAULT_GROUP_SIZE = 32
-LLM_METHODS = METHODS + ("gguf",)  # "gguf": keep the file's Q4_0/Q4_1 codes (minillm.quant.gguf)
+LLM_METHODS = METHODS + ("gguf",)  # "gguf": keep the file's Q4_0/Q4_1/Q4_K codes (minillm.quant.gguf)
 TARGETS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
