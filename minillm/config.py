@@ -99,12 +99,7 @@ class ModelConfig:
         if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
             rope_scaling = None
         return cls(
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_hidden_layers=d["num_hidden_layers"],
-            num_attention_heads=d["num_attention_heads"],
-            num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+            **_shape_fields(d),
             head_dim=d.get("head_dim"),
             max_position_embeddings=d.get("max_position_embeddings", 2048),
             rms_norm_eps=d.get("rms_norm_eps", 1e-5),
@@ -117,8 +112,6 @@ class ModelConfig:
             eos_token_id=eos_list,
             model_type=model_type,
         )
-
-
 
     @classmethod
     def _from_gemma3_dict(cls, d: dict[str, Any], eos_list: list[int]) -> "ModelConfig":
@@ -137,12 +130,7 @@ class ModelConfig:
         if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "default":
             scaling = None
         return cls(
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_hidden_layers=n,
-            num_attention_heads=d["num_attention_heads"],
-            num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+            **_shape_fields(d),
             head_dim=d.get("head_dim", 256),
             max_position_embeddings=d.get("max_position_embeddings", 131072),
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
@@ -161,3 +149,15 @@ class ModelConfig:
             rope_local_base_freq=float(d.get("rope_local_base_freq") or local.get("rope_theta") or 10000.0),
             final_logit_softcapping=d.get("final_logit_softcapping"),
         )
+
+
+def _shape_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """The fields every family's config.json names alike (the rest differ in names or defaults)."""
+    return dict(
+        vocab_size=d["vocab_size"],
+        hidden_size=d["hidden_size"],
+        intermediate_size=d["intermediate_size"],
+        num_hidden_layers=d["num_hidden_layers"],
+        num_attention_heads=d["num_attention_heads"],
+        num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+    )

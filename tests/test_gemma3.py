@@ -215,12 +215,11 @@ def tiny_hf_config(**overrides):
     return Gemma3TextConfig(**{**kw, **overrides})
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A random Gemma 3 (window 8, layers local/global alternating, random norms) saved as an HF folder."""
+def save_tiny_gemma3(folder):
+    """A random Gemma 3 (window 8, layers local/global alternating, random norms) saved as an HF folder;
+    returns the transformers model."""
     from transformers import AutoModelForCausalLM
 
-    from minillm.loader import load_model
     from tests.helpers.tiny_tokenizer import make_tiny_tokenizer
 
     torch.manual_seed(0)
@@ -229,10 +228,17 @@ def tiny(tmp_path_factory):
         for name, p in hf_model.named_parameters():
             if "norm" in name:
                 p.normal_(0.0, 0.3)
-    folder = tmp_path_factory.mktemp("gemma3") / "tiny-gemma3"
     hf_model.eval().save_pretrained(folder)
     make_tiny_tokenizer().save_pretrained(folder)
-    return hf_model, load_model(str(folder))
+    return hf_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from minillm.loader import load_model
+
+    folder = tmp_path_factory.mktemp("gemma3") / "tiny-gemma3"
+    return save_tiny_gemma3(folder), load_model(str(folder))
 
 
 def test_tiny_hf_folder_matches_transformers(tiny):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from tests.test_gemma3 import tiny_hf_config
+from tests.test_gemma3 import save_tiny_gemma3
 
 pytestmark = pytest.mark.slow  # one worker process
 ENGINE = dict(block_size=4, num_kv_blocks=96, max_num_batched_tokens=16, seed=0)
@@ -19,19 +19,8 @@ PROMPTS = [[5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49], [7, 8, 9]]  # the fir
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    from tests.helpers.tiny_tokenizer import make_tiny_tokenizer
-
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(tiny_hf_config(final_logit_softcapping=6.0), dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.normal_(0.0, 0.3)
     path = tmp_path_factory.mktemp("tp-gemma3") / "tiny-gemma3"
-    hf.eval().save_pretrained(path)
-    make_tiny_tokenizer().save_pretrained(path)
+    save_tiny_gemma3(path)
     return str(path)
 
 
