@@ -61,10 +61,21 @@ def run_step(mode: str, runner, batch):
     return forward_pipeline(runner, batch)
 
 
+def _dump_stacks_on_sigusr1() -> None:
+    """Rank 0 sends SIGUSR1 when this worker is stuck (e.g. never loads): print where every thread is.
+
+    To the process's real stderr (fd 2): sys.stderr may be a stand-in without a file descriptor
+    (pytest's capture, a notebook kernel's stream), which faulthandler cannot write to.
+    """
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__ or 2, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # no usable stderr: no dumps, the worker still runs
+        pass
+
+
 def worker_main(args: WorkerArgs, status) -> None:
     """Entry point of a worker process. `status` is a multiprocessing queue back to rank 0."""
-    # rank 0 sends SIGUSR1 when this worker is stuck (e.g. never loads): print where every thread is
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    _dump_stacks_on_sigusr1()
     try:
         from minillm.engine.kv_cache import plan_kv_cache
         from minillm.engine.model_runner import ModelRunner
