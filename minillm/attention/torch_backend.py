@@ -205,9 +205,11 @@ def decode_state(meta: AttentionMetadata, window: int | None, block_size: int, n
 
     Full attention, or a window no decode sequence is longer than, shares the
     state prepare() derived; each shorter window is derived once, by its first layer."""
+    if window is None:  # full attention: the hot path, nothing to derive
+        return meta.decode_slots, meta.decode_rows, meta.decode_mask
     nd = meta.num_decode_seqs
     lens = meta.seq_lens_list[:nd]
-    if window is None or window >= max(lens):
+    if window >= max(lens):
         return meta.decode_slots, meta.decode_rows, meta.decode_mask
     if window not in meta.decode_windowed:
         seen = [min(n, window) for n in lens]  # keys each sequence attends to

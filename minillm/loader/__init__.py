@@ -46,10 +46,9 @@ def load_config(path: str | Path | None = None):
         return ModelConfig.from_hf_dict(json.loads((p / "config.json").read_text()))
     if p.suffix.lower() != ".gguf":
         raise ModelLoadError(str(p), "expected a Hugging Face model folder or a .gguf file")
-    from minillm.loader.gguf import _Reader, config_from_metadata, read_metadata
+    from minillm.loader.gguf import open_gguf
 
-    reader = _Reader(p)
-    return config_from_metadata(read_metadata(reader), {t.name: t for t in reader.tensors}, str(p))
+    return open_gguf(p)[2]
 
 
 def load_model(

@@ -229,7 +229,12 @@ def load_tokenizer(path: Path, meta: dict[str, Any]):
     return tok
 
 
-def load_gguf(path: Path, dtype: torch.dtype, device: str | torch.device) -> LoadedModel:
+def open_gguf(path: Path) -> tuple[gguf.GGUFReader, dict[str, Any], ModelConfig]:
+    """Map the file and read its header: (reader, metadata, config); no tensor data is read yet.
+
+    Every problem is a ModelLoadError naming the file: not GGUF, truncated, an unknown
+    tensor type id, an unsupported architecture.
+    """
     try:
         reader = _Reader(path)
     except ValueError as e:
@@ -243,8 +248,12 @@ def load_gguf(path: Path, dtype: torch.dtype, device: str | torch.device) -> Loa
         problem = f"not a readable GGUF file: corrupt or truncated ({type(e).__name__}: {e})"
         raise ModelLoadError(str(path), problem) from e
     meta = read_metadata(reader)
-    tensors = {t.name: t for t in reader.tensors}
-    cfg = config_from_metadata(meta, tensors, str(path))
+    cfg = config_from_metadata(meta, {t.name: t for t in reader.tensors}, str(path))
+    return reader, meta, cfg
+
+
+def load_gguf(path: Path, dtype: torch.dtype, device: str | torch.device) -> LoadedModel:
+    reader, meta, cfg = open_gguf(path)
     check_runnable(cfg, str(path))
     model = fill_model(empty_model(cfg, dtype, device), stream_tensors(reader, cfg, str(path)), str(path))
     tokenizer = load_tokenizer(path, meta)
