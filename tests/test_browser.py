@@ -1,5 +1,7 @@
 """End to end in a real browser: JupyterLab runs a notebook with the live dashboard, we click Step.
 
+Every dashboard must draw all its panels with no console error, also when its cell is run again.
+
 Headless Chromium (Debian's /usr/bin/chromium; Playwright's own browser
 download does not work here) driven by the `playwright` package. JupyterLab
 listens on 127.0.0.1 on a free port with a random token. The test reads the
@@ -38,16 +40,38 @@ pytestmark = pytest.mark.slow
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 
+SETUP = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+         "from tests.helpers.engine_utils import greedy, make_engine, tiny_model\n"
+         "from minillm.visualize import Dashboard, Roofs")
 CELLS = [
-    f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-    "from tests.helpers.engine_utils import greedy, make_engine, tiny_model\n"
-    "from minillm.visualize import Dashboard, Roofs",
+    SETUP,
     "engine = make_engine(tiny_model(), num_blocks=24, block_size=4, max_num_seqs=4, max_num_batched_tokens=16)\n"
     "for i in range(6):\n"
     "    engine.add_request(f'r{i}', [3 + i] * (6 + i), greedy(40))",
     # interval_s: Run takes a visible while, so Pause lands while it is still running
     "dash = Dashboard(engine, roofs=Roofs(20e9, 1e12, 'assumed'), interval_s=0.3)\ndash.step()\ndash",
 ]
+# As notebook 09 does: the engine already ran (speculative verify steps in its trace) when the
+# dashboard is built, and the reader re-runs the dashboard cell.
+SPEC_CELLS = [
+    SETUP + "\nfrom minillm.engine.config import EngineConfig\nfrom minillm.engine.llm_engine import LLMEngine",
+    "engine = LLMEngine(tiny_model(), None, [], EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=4,\n"
+    "    max_num_batched_tokens=64, speculative={'method': 'ngram', 'num_tokens': 3}))\n"
+    "engine.add_request('a', [3, 4, 5, 6] * 5, greedy(20))\n"
+    "while engine.has_unfinished_requests():\n"
+    "    engine.step()\n"
+    "assert any(t.num_spec_tokens for t in engine.trace)\n"
+    "engine.add_request('b', [3, 4, 5, 6] * 5, greedy(30))",
+    "dash = Dashboard(engine, roofs=Roofs(20e9, 1e12, 'assumed'))\ndash.step()\ndash",
+]
+PANELS = ("minillm-block-table", "minillm-timeline", "minillm-roofline")
+
+
+def write_notebook(root: Path, name: str, cells: list[str]) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, root / name)
 
 
 def free_port() -> int:
@@ -72,10 +96,8 @@ def wait_for_server(url: str, proc: subprocess.Popen, timeout: float = 90.0) -> 
 
 @pytest.fixture()
 def lab(tmp_path):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, tmp_path / "dashboard.ipynb")
+    write_notebook(tmp_path, "dashboard.ipynb", CELLS)
+    write_notebook(tmp_path, "spec_dashboard.ipynb", SPEC_CELLS)
     port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), OMP_NUM_THREADS="1")
@@ -107,6 +129,51 @@ GRAPH_Z = """meta => {
   const g = [...document.querySelectorAll('.js-plotly-plot')].find(d => d.layout && d.layout.meta === meta);
   return g ? JSON.stringify(g.data[0].z) : null;
 }"""
+# the number of traces each drawn view has (a view that failed to draw has none, or no meta)
+PANEL_TRACES = """() => Object.fromEntries([...document.querySelectorAll('.js-plotly-plot')]
+  .map(d => [(d.layout && d.layout.meta) || 'unnamed', (d.data || []).length]))"""
+KERNEL_IDLE = ("() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+               " return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
+               " && w.sessionContext.session.kernel.status === 'idle'; }")
+
+
+class Page:
+    """A notebook open in JupyterLab, with every console error and uncaught exception it logs."""
+
+    def __init__(self, browser, base: str, token: str, name: str) -> None:
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+        self.page.goto(f"{base}/lab/tree/{name}?token={token}")
+        self.page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook')", timeout=90_000)
+        self.page.wait_for_function(KERNEL_IDLE, timeout=90_000)
+
+    def run_all(self) -> None:
+        self.page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+    def rerun_cell(self, index: int) -> None:
+        self.page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+        self.page.evaluate(f"""() => {{ const nb = window.jupyterapp.shell.currentWidget.content;
+            nb.activeCellIndex = {index}; return window.jupyterapp.commands.execute('notebook:run-cell'); }}""")
+
+    def steps_drawn(self) -> int:
+        """Columns of the timeline grid: one per recorded step, as drawn in the page."""
+        z = self.page.evaluate(GRAPH_Z, "minillm-timeline")
+        return len(json.loads(z)[0]) if z else 0
+
+    def wait_steps(self, n: int, timeout: int = 60_000) -> None:
+        self.page.wait_for_function(
+            f"() => {{ const z = ({GRAPH_Z})('minillm-timeline'); return z && JSON.parse(z)[0].length === {n}; }}",
+            timeout=timeout)
+
+    def panels(self) -> dict[str, int]:
+        return self.page.evaluate(PANEL_TRACES)
+
+    def assert_all_panels_drawn(self) -> None:
+        panels = self.panels()
+        assert set(panels) == set(PANELS) and all(panels.values()), panels
+        assert not self.errors, self.errors
 
 
 def test_step_click_updates_block_table_and_timeline(lab):
@@ -114,15 +181,9 @@ def test_step_click_updates_block_table_and_timeline(lab):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1600})
-            page.goto(f"{base}/lab/tree/dashboard.ipynb?token={token}")
-            page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook')", timeout=90_000)
-            # run every cell once the kernel is up
-            page.wait_for_function(
-                "() => { const w = window.jupyterapp.shell.currentWidget;"
-                " return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
-                " && w.sessionContext.session.kernel.status === 'idle'; }", timeout=90_000)
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            nb = Page(browser, base, token, "dashboard.ipynb")
+            page = nb.page
+            nb.run_all()
             step = page.locator("button.jupyter-button", has_text="Step")
             step.wait_for(timeout=120_000)
             page.wait_for_function(f"({GRAPH_Z})('minillm-timeline') !== null", timeout=60_000)
@@ -130,6 +191,7 @@ def test_step_click_updates_block_table_and_timeline(lab):
             pool0 = page.evaluate(GRAPH_Z, "minillm-block-table")
             grid0 = page.evaluate(GRAPH_Z, "minillm-timeline")
             assert len(json.loads(grid0)[0]) == 1  # one step recorded so far
+            nb.assert_all_panels_drawn()
 
             step.click()
             page.wait_for_function(f"({GRAPH_Z})('minillm-timeline') !== {json.dumps(grid0)}", timeout=60_000)
@@ -144,11 +206,44 @@ def test_step_click_updates_block_table_and_timeline(lab):
             page.wait_for_function(f"JSON.parse(({GRAPH_Z})('minillm-timeline'))[0].length >= 4", timeout=60_000)
             page.locator("button.jupyter-button", has_text="Pause").click()
             page.locator("button.jupyter-button", has_text="Run").wait_for(timeout=30_000)
-            n_paused = len(json.loads(page.evaluate(GRAPH_Z, "minillm-timeline"))[0])
+            n_paused = nb.steps_drawn()
             page.wait_for_timeout(1500)
-            assert len(json.loads(page.evaluate(GRAPH_Z, "minillm-timeline"))[0]) == n_paused
+            assert nb.steps_drawn() == n_paused
             assert n_paused < 40  # paused long before the requests could finish
+            nb.assert_all_panels_drawn()
             if os.environ.get("MINILLM_BROWSER_SCREENSHOT"):  # to look at what the reader saw
                 page.screenshot(path=os.environ["MINILLM_BROWSER_SCREENSHOT"], full_page=True)
+        finally:
+            browser.close()
+
+
+def test_dashboard_after_a_recorded_run_draws_every_panel_and_steps_after_a_rerun(lab):
+    """Notebook 09's case: built on an engine with a speculative trace, then its cell is run again."""
+    base, token = lab
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            nb = Page(browser, base, token, "spec_dashboard.ipynb")
+            page = nb.page
+            nb.run_all()
+            page.locator("button.jupyter-button", has_text="Step").wait_for(timeout=120_000)
+            page.wait_for_function(f"({GRAPH_Z})('minillm-timeline') !== null", timeout=60_000)
+            page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+            page.wait_for_timeout(1000)  # let every view finish drawing
+            nb.assert_all_panels_drawn()
+            n = nb.steps_drawn()
+            assert n > 2  # the earlier run's steps and the dashboard's own
+
+            nb.rerun_cell(2)  # a new Dashboard on the same engine; it takes one step
+            nb.wait_steps(n + 1)
+            page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+            page.wait_for_timeout(1000)
+            nb.assert_all_panels_drawn()
+            step = page.locator("button.jupyter-button", has_text="Step")
+            assert step.count() == 1  # the old output was replaced
+            step.click()
+            nb.wait_steps(n + 2)
+            assert page.locator(".widget-html", has_text=f"step {n + 1} of {n + 1}").count() == 1
+            nb.assert_all_panels_drawn()
         finally:
             browser.close()

@@ -93,3 +93,47 @@ def test_from_trace_scrubs_a_recording():
     assert dash.controller.step_button.disabled and dash.cursor == len(engine.trace) - 1
     dash.show(0)
     assert dash.block_table.last_step == 0
+
+
+def synced_state(widget) -> dict:
+    """What a view opened now draws: the widget's synced state, as the browser receives it (strict JSON)."""
+    import json
+
+    state = widget.get_state()
+    return json.loads(json.dumps({"data": state["_widget_data"], "layout": state["_widget_layout"]}, allow_nan=False))
+
+
+def test_a_view_opened_after_edits_draws_the_current_figure():
+    # Notebook 09 builds its dashboard on an engine that already ran: the views are edited before the
+    # browser shows them, and a view draws from the synced state, not from the edits sent earlier.
+    engine = busy_engine()
+    for _ in range(3):
+        engine.step()
+    dash = Dashboard(engine, roofs=ROOFS)
+    dash.step()
+    for live in (dash.block_table, dash.timeline, dash.roofline):
+        state = synced_state(live.widget)
+        assert len(state["data"]) == len(live.widget.data) > 0
+        assert state["layout"]["meta"] == live.widget.layout.meta
+        for drawn, trace in zip(state["data"], live.widget.data):
+            assert drawn["type"] == trace.type and drawn.get("name") == trace.name
+            assert "marker" not in drawn or isinstance(drawn["marker"], dict)
+    assert len(synced_state(dash.timeline.widget)["data"][0]["z"][0]) == 4  # every step, the newest included
+
+
+def test_nan_reaches_a_widget_as_a_gap():
+    # a masked heatmap cell is NaN; widget state is strict JSON (notebook 04's tile explorer)
+    import math
+
+    import plotly.graph_objects as go
+
+    from minillm.visualize.widgets import figure_widget, json_safe, sync_figure
+
+    fig = go.Figure(go.Heatmap(z=[[1.0, math.nan], [float("-inf"), 2.0]]))
+    widget = figure_widget(fig)
+    assert synced_state(widget)["data"][0]["z"] == [[1.0, None], [None, 2.0]]
+    sync_figure(widget, go.Figure(go.Heatmap(z=[[math.nan, 3.0], [4.0, 5.0]])))
+    assert synced_state(widget)["data"][0]["z"] == [[None, 3.0], [4.0, 5.0]]
+    import numpy as np
+
+    assert json_safe({"a": np.array([1.0, np.nan]), "b": (np.float32("inf"), 2)}) == {"a": [1.0, None], "b": [None, 2]}
