@@ -73,7 +73,7 @@ def test_roofline_cli_places_a_trace(cache, tmp_path, capsys):
     assert report["roofs"]["matmul"]["float32"]["params"]["n"] == 128  # the cached roofs
     tr = report["trace"]
     assert tr["ridge_intensity"] == pytest.approx(
-        report["roofs"]["matmul"]["float32"]["median"] / report["roofs"]["bandwidth"]["median"])
+        max(report["roofs"]["matmul"]["float32"]["values"]) / max(report["roofs"]["bandwidth"]["values"]))  # best repeats
     steps = tr["steps"]
     assert len(steps) == sum(1 for r in engine.trace if r.flops > 0) and tr["phases"]["all"]["num_steps"] == len(steps)
     for s in steps:

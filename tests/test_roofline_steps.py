@@ -99,3 +99,49 @@ def test_prometheus_exports_each_steps_roofline(trace):
     assert get("step_bandwidth_fraction") == pytest.approx(last.bandwidth_fraction)
     assert get("model_flops_total") == pytest.approx(sum(r.flops for r in computing))
     assert get("engine_step_seconds_total") == pytest.approx(sum(r.duration_s for r in computing))
+
+
+def test_a_step_above_its_roof_is_flagged_and_counted(trace):
+    rec = next(r for r in trace if r.flops > 0)
+    fits = RoofPair(1e15, 1e15)  # far above anything a CPU step reaches
+    too_low = RoofPair(rec.achieved_bytes_per_s / 2, rec.achieved_flops_per_s / 2)  # roofs below the step itself
+    assert not step_roofline(rec, fits).above_roof
+    row = step_roofline(rec, too_low)
+    assert row.above_roof and row.roof_fraction > 1 and row.to_dict()["above_roof"]
+    s = roofline_summary(trace_roofline(trace, too_low))
+    assert s["all"]["above_roof_steps"] >= 1 and s["all"]["max_roof_fraction"] > 1
+    assert roofline_summary(trace_roofline(trace, fits))["all"]["above_roof_steps"] == 0
+
+
+def test_the_roofs_are_the_best_probe_shape_and_repeat(monkeypatch):
+    """The compute roof is the best of several GEMM shapes; the bandwidth roof the faster of read and copy."""
+    import torch
+
+    from minillm.roofline import roofs as R
+
+    # a (512 x 576) @ (576 x 1536) product ran at ~96 GFLOP/s on a 2-core VM where 2048^3 ran at ~45:
+    # a roof from the square alone put a prefill step at 112% of it
+    speeds = {(2048, 2048, 2048): [45e9, 50e9, 40e9], (512, 576, 1536): [90e9, 96e9, 60e9], (512, 512, 512): [70e9] * 3}
+    monkeypatch.setattr(R, "measure_gemm", lambda device, dtype, shape, repeats: speeds[shape])
+    mm = R.measure_matmul(torch.device("cpu"), torch.float32, shapes=list(speeds))
+    assert (mm.params["m"], mm.params["k"], mm.params["n"]) == (512, 576, 1536)
+    assert mm.best == 96e9 and mm.median == 90e9 and mm.params["shapes"]["2048x2048x2048"] == 50e9
+    read, copy = R.Measurement.of("B/s", [31e9, 30e9]), R.Measurement.of("B/s", [24e9, 25e9])
+    assert R.bandwidth_roof(copy, read) is read
+    assert R.bandwidth_roof(R.Measurement.of("B/s", [40e9]), read).best == 40e9
+
+
+def test_measured_roofs_hold_a_real_gemm_and_a_real_read():
+    """Measured for real (small): a roof is at least what one of its own probes does again."""
+    import torch
+
+    from minillm.roofline import roofs as R
+
+    dev = torch.device("cpu")
+    r = R.measure_roofs(dev, dtypes=("float32",), copy_bytes=32 * 2**20, repeats=3)
+    assert r.bandwidth_bytes_per_s >= max(r.read_bandwidth.best, r.copy_bandwidth.best)
+    assert len(r.matmul["float32"].params["shapes"]) == len(R.MATMUL_SHAPES["cpu"])
+    assert r.flops_per_s("float32") == max(r.matmul["float32"].params["shapes"].values())
+    assert r.threads == torch.get_num_threads()
+    again = R.Roofs.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert again.bandwidth_bytes_per_s == r.bandwidth_bytes_per_s and again.flops_per_s("float32") == r.flops_per_s("float32")

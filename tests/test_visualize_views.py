@@ -153,6 +153,23 @@ def test_roofline_point_lands_where_counted_flops_and_bytes_put_it():
     assert ROOFS.time_at_roof(1e12, 1e9) == pytest.approx(1.0)
 
 
+def test_a_point_above_its_roof_is_flagged_and_explained():
+    # a roof is an upper bound: a step measured faster than it means the roof is wrong for this run
+    # (the demo's report once said a prefill step ran at "111.7% of its roof" and nothing more)
+    from minillm.visualize.roofline_plot import roofline_caption, roofline_figure
+
+    under = make_step(0, flops=3e9, bytes_moved=1e9, duration_s=0.5)  # 10% of its 60 GFLOP/s roof
+    over = make_step(1, flops=1e12, bytes_moved=1e9, duration_s=0.8952)  # 1.117 TFLOP/s under a 1 TFLOP/s roof
+    view = roofline_view([under, over], ROOFS, cursor=0)
+    assert [p.above_roof for p in view.points] == [False, True]
+    assert [p.step for p in view.above_roof] == [1]
+    caption = roofline_caption(view)
+    assert "1 step ran above the roof (up to 112%, step 1)" in caption and "re-measure" in caption
+    assert "above the roof" not in roofline_caption(roofline_view([under], ROOFS))
+    fig = roofline_figure(view)
+    assert any("above the roof" in t for tr in fig.data if tr.hovertext for t in tr.hovertext)
+
+
 def test_roofline_points_from_a_recorded_trace(trace):
     view = roofline_view(trace, ROOFS, cursor=5)
     worked = [i for i, r in enumerate(trace) if r.flops > 0]
@@ -190,7 +207,7 @@ def test_step_kinds():
 
 
 def test_machine_roofs_reads_the_cached_measurement(monkeypatch):
-    """The roofline's roofs come from minillm.roofline (read-only): copy bandwidth and matmul FLOP/s."""
+    """The roofline's roofs come from minillm.roofline (read-only): the bandwidth roof and matmul FLOP/s."""
     import minillm.roofline as roofline
     from minillm.roofline import Measurement, Roofs as MeasuredRoofs
     from minillm.visualize.roofs import machine_roofs
@@ -200,7 +217,7 @@ def test_machine_roofs_reads_the_cached_measurement(monkeypatch):
     def fake_get_roofs(device="cpu", remeasure=False, dtypes=("float32",), **kw):
         asked.update(device=str(device), dtypes=tuple(dtypes))
         return MeasuredRoofs(machine={"device_name": "test cpu"}, bandwidth=Measurement.of("B/s", [2e10]),
-                             read_bandwidth=Measurement.of("B/s", [3e10]),
+                             read_bandwidth=Measurement.of("B/s", [2e10]), copy_bandwidth=Measurement.of("B/s", [1e10]),
                              matmul={"bfloat16": Measurement.of("FLOP/s", [5e11])}, measured_at=0.0)
 
     monkeypatch.setattr(roofline, "get_roofs", fake_get_roofs)

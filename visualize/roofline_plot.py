@@ -18,7 +18,7 @@ def _hover(p: RooflinePoint) -> str:
     return (f"step {p.step} ({p.kind}): {p.num_seqs} seqs, {p.num_tokens} tokens<br>"
             f"intensity {p.intensity:.2f} FLOP/B ({p.bound}-bound)<br>"
             f"measured {si(p.measured, 'FLOP/s')}, at the roof {si(p.analytic, 'FLOP/s')} "
-            f"({p.efficiency:.0%})<br>achieved {si(p.achieved_bandwidth, 'B/s')}, {p.duration_s * 1e3:.1f} ms")
+            f"({p.efficiency:.0%}{', above the roof: re-measure it' if p.above_roof else ''})<br>achieved {si(p.achieved_bandwidth, 'B/s')}, {p.duration_s * 1e3:.1f} ms")
 
 
 def x_extent(view: RooflineView) -> tuple[float, float]:
@@ -86,10 +86,17 @@ def roofline_caption(view: RooflineView) -> str:
     head = (f"roofs{' (' + r.label + ')' if r.label else ''}: {si(r.bandwidth, 'B/s')}, "
             f"{si(r.peak_flops, 'FLOP/s')}, ridge at {r.ridge:.1f} FLOP/B")
     cur = view.current
-    if cur is None:
-        return head
-    return head + (f"<br>step {cur.step} ({cur.kind}, {cur.num_seqs} seqs): {cur.intensity:.2f} FLOP/B, "
-                   f"{si(cur.measured, 'FLOP/s')} = {cur.efficiency:.1%} of its roof")
+    lines = [head]
+    if cur is not None:
+        lines.append(f"step {cur.step} ({cur.kind}, {cur.num_seqs} seqs): {cur.intensity:.2f} FLOP/B, "
+                     f"{si(cur.measured, 'FLOP/s')} = {cur.efficiency:.1%} of its roof")
+    above = view.above_roof
+    if above:
+        worst = max(above, key=lambda p: p.efficiency)
+        lines.append(f"{len(above)} step{'s' if len(above) > 1 else ''} ran above the roof (up to {worst.efficiency:.0%}, "
+                     f"step {worst.step}): a roof is an upper bound, so it was measured too low for this run "
+                     "(load, threads); re-measure: minillm roofline --remeasure")
+    return "<br>".join(lines)
 
 
 def roofline_figure(trace: Sequence[StepTrace] | RooflineView, roofs: Roofs | None = None,

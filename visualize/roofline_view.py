@@ -13,6 +13,12 @@ Decode at batch 1 reads every weight for one token per sequence, so I is about
 (2 FLOPs per weight) / (bytes per weight): far left, under the bandwidth roof.
 Batching B decodes multiplies FLOPs by B for nearly the same bytes: the point
 moves right until it meets the ridge.
+
+A roof is an upper bound (minillm/roofline/roofs.py measures the best the
+machine does), so a measured point above it means the roof is wrong for this
+run -- measured under load, with other threads, or the step's bytes or FLOPs
+are miscounted. Such a point is kept, flagged (`above_roof`) and explained in
+the caption, never silently drawn above the roof.
 """
 from __future__ import annotations
 
@@ -63,6 +69,10 @@ class RooflinePoint:
         return self.measured / self.analytic if self.analytic else 0.0
 
     @property
+    def above_roof(self) -> bool:
+        return self.efficiency > 1.0
+
+    @property
     def achieved_bandwidth(self) -> float:
         return self.bytes_moved / self.duration_s if self.duration_s > 0 else 0.0
 
@@ -79,6 +89,11 @@ class RooflineView:
 
     def by_kind(self, kind: str) -> tuple[RooflinePoint, ...]:
         return tuple(p for p in self.points if p.kind == kind)
+
+    @property
+    def above_roof(self) -> tuple[RooflinePoint, ...]:
+        """Points measured faster than the roof allows (see the module docstring)."""
+        return tuple(p for p in self.points if p.above_roof)
 
 
 def step_kind(rec: StepTrace) -> str:

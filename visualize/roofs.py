@@ -11,13 +11,18 @@ from minillm.visualize.roofline_view import Roofs
 
 
 def machine_roofs(device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32") -> Roofs:
-    """Copy bandwidth and matmul FLOP/s of this machine for `dtype`."""
+    """This machine's bandwidth roof and matmul FLOP/s for `dtype`, at the current torch thread count.
+
+    The cache is per thread count, so the roofs judge runs made with the threads set now.
+    """
     from minillm.roofline import get_roofs
 
     name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     measured = get_roofs(device, dtypes=(name,))
     dev = measured.machine.get("device_name") or str(device)
-    return Roofs(measured.bandwidth_bytes_per_s, measured.flops_per_s(name), f"{dev}, {name}")
+    threads = measured.machine.get("torch_threads")
+    where = f"{dev}, {name}" + (f", {threads} thread{'s' if threads != 1 else ''}" if threads and dev != "cuda" and "cuda" not in str(device) else "")
+    return Roofs(measured.bandwidth_bytes_per_s, measured.flops_per_s(name), where)
 
 
 def engine_roofs(engine) -> Roofs:

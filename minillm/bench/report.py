@@ -94,9 +94,12 @@ def format_throughput(summary: dict[str, Any]) -> str:
 
 def format_roofs(roofs: Any) -> str:
     lines = [f"machine roofs ({roofs.machine.get('device_name')}, {roofs.machine.get('torch_threads')} threads)",
-             f"  copy bandwidth {roofs.bandwidth.median / 1e9:.1f} GB/s (read-only {roofs.read_bandwidth.median / 1e9:.1f} GB/s)"]
+             f"  bandwidth roof {roofs.bandwidth_bytes_per_s / 1e9:.1f} GB/s (best repeat; read-only "
+             f"{roofs.read_bandwidth.best / 1e9:.1f}, copy read+write {roofs.copy_bandwidth.best / 1e9:.1f} GB/s)"]
     for name, m in roofs.matmul.items():
-        lines.append(f"  matmul {name:9s} {m.median / 1e9:.0f} GFLOP/s (n={m.params.get('n')})")
+        shape = "x".join(str(m.params.get(k)) for k in ("m", "k", "n"))
+        lines.append(f"  matmul {name:9s} {m.best / 1e9:.0f} GFLOP/s (best of {len(m.params.get('shapes', {1: 0}))} "
+                     f"GEMM shapes: {shape}; median {m.median / 1e9:.0f})")
     return "\n".join(lines)
 
 

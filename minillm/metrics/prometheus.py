@@ -119,9 +119,9 @@ class TraceMetrics:
             self.step_roof_fraction = gauge(
                 "step_roof_fraction", "Last step's achieved FLOP/s over the roof at its intensity (1 = on the roof).")
             self.step_bandwidth_fraction = gauge(
-                "step_bandwidth_fraction", "Last step's achieved bytes/s over the measured copy bandwidth.")
-            self.roof_bandwidth = gauge("roof_bandwidth_bytes_per_second", "The machine's measured copy bandwidth.")
-            self.roof_flops = gauge("roof_peak_flops_per_second", "The machine's measured matmul FLOP/s.")
+                "step_bandwidth_fraction", "Last step's achieved bytes/s over the measured bandwidth roof.")
+            self.roof_bandwidth = gauge("roof_bandwidth_bytes_per_second", "The machine's measured bandwidth roof (the faster of a read and a copy probe).")
+            self.roof_flops = gauge("roof_peak_flops_per_second", "The machine's measured matmul FLOP/s (the best of several GEMM shapes).")
             self.roof_bandwidth.labels(model_name).set(roofs.bandwidth_bytes_per_s)
             self.roof_flops.labels(model_name).set(roofs.peak_flops_per_s)
             roof_metrics = [self.step_roof_fraction, self.step_bandwidth_fraction]

@@ -4,8 +4,10 @@
     minillm roofline --remeasure --json   # measure again, print JSON
     minillm roofline --trace run.jsonl    # + where each phase of a recorded step trace sits (minillm demo --trace)
 
-Bandwidth is a large copy (STREAM "copy": read + write bytes), compute a large
-matmul per dtype; on a GPU both are timed with CUDA events. The cache lives in
+Bandwidth is the faster of a large read (a sum) and a large copy (read + write
+bytes, STREAM's "copy"), compute the best of several GEMM shapes per dtype, each
+the best of several repeats: roofs are upper bounds. On a GPU both are timed with
+CUDA events. The cache lives in
 ~/.cache/minillm (MINILLM_CACHE_DIR), keyed by machine, thread count and torch.
 """
 from __future__ import annotations
@@ -39,6 +41,11 @@ def format_trace_roofline(summary: dict[str, dict[str, float]]) -> str:
         lines.append(f"  {phase:8s} {r['num_steps']:5.0f} steps  {r['median_intensity']:8.1f} FLOP/B  "
                      f"{r['median_achieved_flops_per_s'] / 1e9:8.1f} GFLOP/s  {r['median_achieved_bytes_per_s'] / 1e9:6.1f} GB/s"
                      f"  {r['median_roof_fraction']:6.1%} of roof  ({r['memory_bound_steps']:.0f} memory-bound)")
+    above = summary.get("all", {}).get("above_roof_steps", 0)
+    if above:
+        lines.append(f"  warning: {above:.0f} steps ran above their roof (up to {summary['all']['max_roof_fraction']:.0%}); "
+                     "a roof is an upper bound, so these roofs were measured too low for this run (other load, "
+                     "another thread count): minillm roofline --remeasure --threads N (the run's threads)")
     return "\n".join(lines)
 
 

@@ -7,6 +7,10 @@ The fraction of roof says how much of what the machine could do at that
 intensity the step achieved; `bound` says which roof is the lower one there
 (decode at small batch: memory; long prefill chunks: compute).
 Everything reads the trace only, so it works on recorded or synthetic traces.
+
+The roofs are upper bounds (roofs.py), so `roof_fraction` > 1 means the roofs
+do not fit this run (measured under load, or with another thread count):
+such steps are flagged (`above_roof`) and counted, never passed off as fact.
 """
 from __future__ import annotations
 
@@ -61,8 +65,12 @@ class StepRoofline:
     compute_fraction: float  # achieved FLOP/s / the matmul peak
     bound: Bound
 
+    @property
+    def above_roof(self) -> bool:
+        return self.roof_fraction > 1.0
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self) | {"above_roof": self.above_roof}
 
 
 def step_phase(rec: StepTrace) -> str:
@@ -116,6 +124,8 @@ def roofline_summary(rows: list[StepRoofline]) -> dict[str, dict[str, float]]:
             "median_bandwidth_fraction": statistics.median(r.bandwidth_fraction for r in rs),
             "median_compute_fraction": statistics.median(r.compute_fraction for r in rs),
             "memory_bound_steps": sum(r.bound == "memory" for r in rs),
+            "above_roof_steps": sum(r.above_roof for r in rs),
+            "max_roof_fraction": max(r.roof_fraction for r in rs),
             "total_flops_per_s": sum(r.flops for r in rs) / t if t > 0 else 0.0,
             "total_bytes_per_s": sum(r.bytes_moved for r in rs) / t if t > 0 else 0.0,
         }
