@@ -101,6 +101,11 @@ def cmd_chat(a: argparse.Namespace) -> int:
 def cmd_demo(a: argparse.Namespace) -> int:
     from minillm.metrics import summarize
 
+    if a.html:  # before the demo runs, not after
+        from minillm.extras import HTML_REPORT_MODULES, require
+
+        require("minillm demo --html", "notebooks", HTML_REPORT_MODULES)
+
     llm = _make_llm(a)
     system = "You are a concise, helpful assistant. Answer in at most two sentences."
     convs = [[{"role": "system", "content": system}, {"role": "user", "content": p}] for p in DEMO_PROMPTS[: a.num_prompts]]
@@ -218,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--json", action="store_true", help="print the list as JSON")
     m.add_argument("--assemble", metavar="NAME", default=None, help="assemble and verify NAME's GGUF now; print its path")
     m.set_defaults(fn=cmd_models)
-    sub.add_parser("bench", help="benchmarks: minillm bench {latency,throughput} --help")
+    from minillm.bench.cli import subcommands
+
+    sub.add_parser("bench", help=f"benchmarks: minillm bench {{{','.join(subcommands())}}} --help")
     sub.add_parser("serve", help="OpenAI-compatible server: minillm serve --help")
     sub.add_parser("roofline", help="measure / show the machine's roofs: minillm roofline --help")
     sub.add_parser("eval", help="quality: minillm eval ppl --help (perplexity per quantization setting)")

@@ -1,4 +1,4 @@
-"""`minillm bench {latency,throughput,serve,prefix,spec,tp,roofs}`: argument parsing and model loading.
+"""`minillm bench {latency,throughput,serve,prefix,spec,tp,quant,roofs}`: argument parsing and model loading.
 
     python -m minillm.bench latency --compare transformers,llama.cpp --json latency.json
     python -m minillm.bench throughput --compare transformers --num-requests 128
@@ -185,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def subcommands() -> list[str]:
+    """The names `minillm bench` takes, in the order of its parser (`minillm --help` lists them)."""
+    action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return list(action.choices)
+
+
 def _device(args: argparse.Namespace) -> str:
     return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -312,6 +318,10 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _serve(args: argparse.Namespace) -> dict[str, Any]:
+    from minillm.extras import SERVER_MODULES, require
+
+    # the clients need httpx; serving in-process needs the server itself
+    require("minillm bench serve", "server", ("httpx",) + (() if args.url else SERVER_MODULES))
     from minillm.bench.report import build_report, format_serve
     from minillm.bench.serve import ServeWorkload, bench_serve
     from minillm.roofline.machine import machine_info

@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.max_queue_len < 1:
         raise SystemExit("--max-queue-len must be >= 1")
+    from minillm.extras import SERVER_MODULES, require
+
+    require("minillm serve", "server", SERVER_MODULES)  # before the model loads, not after
     import uvicorn
 
     from minillm import LLM
