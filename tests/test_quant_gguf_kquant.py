@@ -190,8 +190,10 @@ MIN_AGREEMENT = 0.75
 
 
 @pytest.mark.slow  # two loads of the 0.5B model (~15 s each) + 2 x 16 decode steps of 4 sequences
-def test_real_model_greedy_tokens_agree_with_the_dequantized_float_model():
+def test_real_model_greedy_tokens_agree_with_the_dequantized_float_model(monkeypatch):
     from minillm import LLM, SamplingParams
+
+    monkeypatch.setenv("MINILLM_GGUF_KERNELS", "int4")  # this file tests the int4 mapping (GPU path); see test_gguf_cpu_kernels.py
 
     _real_path()
     sp = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True)

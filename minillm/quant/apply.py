@@ -8,6 +8,8 @@ and the logits are the most quantization-sensitive matmul), the norms.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -53,11 +55,9 @@ def quantize_loaded(loaded, method: str | None, group_size: int | None = None, l
     check_llm_options(method, group_size)
     report: dict[str, str] = {}
     if method == "gguf":
-        from minillm.quant.gguf import keep_gguf_quantized
-
         if not str(loaded.source).lower().endswith(".gguf"):
             raise ValueError(f"quantization='gguf' needs a .gguf model, got {loaded.source!r}")
-        report = keep_gguf_quantized(loaded.model, loaded.source)
+        report = keep_gguf(loaded.model, loaded.source)
     elif method is not None:
         calibration = None
         if method == "int4-awq":
@@ -68,7 +68,37 @@ def quantize_loaded(loaded, method: str | None, group_size: int | None = None, l
         quantize_model(loaded.model, method, group_size, calibration)
         report = {name: repr(m) for name, m in target_linears(loaded.model).items()}
     if lm_head:
-        report["lm_head"] = repr(quantize_lm_head(loaded.model))
+        if method == "gguf" and report.get("lm_head", "").endswith("blocks"):
+            report["lm_head"] += " (already the file's own blocks: quantize_lm_head has nothing to do)"
+        else:
+            report["lm_head"] = repr(quantize_lm_head(loaded.model))
+    return report
+
+
+def keep_gguf(model: LlamaForCausalLM, path) -> dict[str, str]:
+    """quantization="gguf": compute on the file's own blocks where this CPU can build the kernels.
+
+    On CPU with a working compiler: every linear and the LM head become GGUFLinear
+    (minillm.quant.gguf_linear; all six block types the files use). Otherwise (a GPU,
+    no compiler): the 4-bit types map onto our int4 groups (minillm.quant.gguf) and the
+    rest stays float; report["kernels"] says which and why. MINILLM_GGUF_KERNELS=int4
+    chooses the int4 mapping on CPU too.
+    """
+    from minillm.kernels.gguf_cpu import available
+    from minillm.quant.gguf import keep_gguf_quantized
+
+    if os.environ.get("MINILLM_GGUF_KERNELS") == "int4":  # compare with, or test, the portable mapping
+        why = "MINILLM_GGUF_KERNELS=int4"
+    elif model.embed_tokens.weight.device.type == "cpu":
+        ok, why = available()
+        if ok:
+            from minillm.quant.gguf_linear import keep_gguf_blocks
+
+            return keep_gguf_blocks(model, path)
+    else:
+        why = "not a CPU model"
+    report = keep_gguf_quantized(model, path)
+    report["kernels"] = f"int4 mapping (the GGUF block kernels are unavailable: {why})"
     return report
 
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minillm.quant.gguf_linear import GGUFLinear
 from minillm.quant.linear import QuantLinear
+
+PACKED = (QuantLinear, GGUFLinear)  # layers whose weights live in buffers (codes, scales, GGUF blocks)
 
 
 def _unique_bytes(tensors: list[torch.Tensor]) -> int:
@@ -29,18 +32,18 @@ def _unique_bytes(tensors: list[torch.Tensor]) -> int:
 def weight_bytes_per_token(model: nn.Module) -> int:
     """Bytes of weights one batch-1 decode step streams (parameters + QuantLinear buffers; not RoPE tables)."""
     embed = model.embed_tokens.weight
-    head = getattr(model.lm_head, "weight", None)  # a quantized head (QuantLinear) has none
+    head = getattr(model.lm_head, "weight", None)  # a quantized head (QuantLinear, GGUFLinear) has none
     tied = head is not None and head.data_ptr() == embed.data_ptr()
     tensors = [p for n, p in model.named_parameters(remove_duplicate=False) if tied or p.data_ptr() != embed.data_ptr()]
     for m in model.modules():
-        if isinstance(m, QuantLinear):
+        if isinstance(m, PACKED):
             tensors += [b for b in m.buffers()]
     return _unique_bytes(tensors)
 
 
 def bytes_per_weight(model: nn.Module) -> float:
     """Stored bytes per weight that a step streams: the element size, or a quantized model's average."""
-    if not any(isinstance(m, QuantLinear) for m in model.modules()):
+    if not any(isinstance(m, PACKED) for m in model.modules()):
         return float(model.embed_tokens.weight.element_size())
     from minillm.engine.cost import weight_bytes
 
@@ -51,6 +54,6 @@ def model_bytes(model: nn.Module) -> int:
     """Bytes of every weight the model keeps in memory (the embedding table included)."""
     tensors = list(model.parameters())
     for m in model.modules():
-        if isinstance(m, QuantLinear):
+        if isinstance(m, PACKED):
             tensors += list(m.buffers())
     return _unique_bytes(tensors)

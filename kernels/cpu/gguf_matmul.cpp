@@ -1,0 +1,527 @@
+// GGUF block formats multiplied in place: y = x @ W.T where W is a GGUF tensor's own bytes.
+//
+// What the course teaches here (book/architecture.md, "GGUF on the CPU"):
+// batch-1 decode reads every weight once per token, so its speed is bytes read per
+// token divided by memory bandwidth. Keeping the file's 4/5/6/8-bit blocks and
+// multiplying them directly reads 4-7x fewer bytes than float32. Like llama.cpp,
+// the activation row is quantized to int8 in blocks of 32 (one float scale per
+// block) so each weight block meets its activation block in an integer dot product
+// (AVX2 maddubs, or AVX-512/AVX VNNI dpbusd), and the block scales are applied once
+// per 32 weights in float.
+//
+// Formats (ggml type id; bytes per block; dequantized weight):
+//   Q4_0 (2)  32 w, 18 B: fp16 d, 16 B nibbles          w = d (q - 8)
+//   Q4_1 (3)  32 w, 20 B: fp16 d, fp16 m, 16 B nibbles  w = d q + m
+//   Q5_0 (6)  32 w, 22 B: fp16 d, 4 B high bits, 16 B   w = d (q - 16), q = nibble | bit << 4
+//   Q8_0 (8)  32 w, 34 B: fp16 d, 32 int8               w = d q
+//   Q4_K (12) 256 w, 144 B: fp16 d, dmin, 12 B of 6-bit (sc, m) x 8, 128 B nibbles
+//                                                      w = d sc_j q - dmin m_j  (sub-block j of 32)
+//   Q6_K (14) 256 w, 210 B: 128 B low nibbles, 64 B high 2 bits, 16 int8 scales, fp16 d
+//                                                      w = d sc_i (q - 32)      (sub-block i of 16)
+// Nibble order: Q4_0/1 and Q5_0 hold elements 0..15 in the low nibbles and 16..31 in
+// the high ones; Q4_K's 32-byte chunk c holds sub-block 2c low and 2c+1 high.
+//
+// Activation blocks (quantize_act): codes xq int8 [M, K], one float scale per block xd
+// [M, K / block] and the integer sum of every 16 codes bs int16 [M, K / 16] (|sum| <= 2032) (the
+// offsets -8, -16, -32 and the Q4_1/Q4_K mins multiply sum(x) of a block). The block
+// is 32 for the 32-weight types (each weight block has its own scale anyway) and 256
+// for the K-quants: with one activation scale per super-block, a super-block's eight
+// or sixteen sub-block products are summed in integers (scales applied by madd) and
+// converted to float once, as llama.cpp's Q8_K does.
+//
+// One weight row meets up to four activation rows while its bytes are in L1, so a
+// batched decode step unpacks each block once per four sequences (TILE below).
+//
+// Registered as torch ops (torch.ops.minillm_gguf.*) so torch.compile sees them as
+// opaque calls; the Python side (kernels/gguf_cpu.py) builds this file once per CPU.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14;
+
+inline float fp16(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
+}
+
+inline bool k_quant(int64_t t) { return t == Q4_K || t == Q6_K; }
+int64_t block_weights(int64_t t) { return k_quant(t) ? 256 : 32; }
+
+int64_t block_bytes(int64_t t) {
+  switch (t) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q8_0: return 34;
+    case Q4_K: return 144;
+    case Q6_K: return 210;
+  }
+  TORCH_CHECK(false, "minillm_gguf: unsupported GGUF type id ", t);
+}
+
+// Q4_K's 12 packed bytes -> 6-bit scale and min of sub-block j.
+inline void q4k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    m = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// ----- dequantize one row (the float reference path, and prefill: dequantize, then BLAS) -----
+void dequant_row(int64_t t, const uint8_t* w, float* y, int64_t k) {
+  const int64_t nb = k / block_weights(t), bb = block_bytes(t);
+  for (int64_t b = 0; b < nb; ++b, w += bb) {
+    if (t == Q4_0 || t == Q4_1 || t == Q5_0) {
+      const float d = fp16(w);
+      const float m = t == Q4_1 ? fp16(w + 2) : 0.f;
+      const uint8_t* qs = w + (t == Q4_0 ? 2 : t == Q4_1 ? 4 : 6);
+      uint32_t qh = 0;
+      if (t == Q5_0) std::memcpy(&qh, w + 2, 4);
+      const int off = t == Q4_0 ? 8 : t == Q5_0 ? 16 : 0;
+      for (int i = 0; i < 16; ++i) {
+        int lo = qs[i] & 0xF, hi = qs[i] >> 4;
+        if (t == Q5_0) {
+          lo |= ((qh >> i) & 1) << 4;
+          hi |= ((qh >> (i + 16)) & 1) << 4;
+        }
+        y[b * 32 + i] = d * (lo - off) + m;
+        y[b * 32 + i + 16] = d * (hi - off) + m;
+      }
+    } else if (t == Q8_0) {
+      const float d = fp16(w);
+      for (int i = 0; i < 32; ++i) y[b * 32 + i] = d * static_cast<int8_t>(w[2 + i]);
+    } else if (t == Q4_K) {
+      const float d = fp16(w), dmin = fp16(w + 2);
+      const uint8_t* qs = w + 16;
+      for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        q4k_scale_min(w + 4, j, sc, m);
+        const float ds = d * sc, dm = dmin * m;
+        const uint8_t* q = qs + 32 * (j / 2);
+        for (int i = 0; i < 32; ++i) y[b * 256 + 32 * j + i] = ds * ((j & 1) ? q[i] >> 4 : q[i] & 0xF) - dm;
+      }
+    } else {  // Q6_K
+      const uint8_t *ql = w, *qh = w + 128;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+      const float d = fp16(w + 208);
+      float* out = y + b * 256;
+      for (int h = 0; h < 2; ++h, ql += 64, qh += 32, sc += 8, out += 128) {
+        for (int l = 0; l < 32; ++l) {
+          const int is = l / 16;
+          out[l] = d * sc[is] * (((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
+          out[l + 32] = d * sc[is + 2] * (((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+          out[l + 64] = d * sc[is + 4] * (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+          out[l + 96] = d * sc[is + 6] * (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+      }
+    }
+  }
+}
+
+// ----- the activation side: int8 codes, one scale per block of 32 or 256, sums of 16 -----
+void quantize_row(const float* x, int64_t k, int64_t block, int8_t* q, float* xd, int16_t* bs) {
+  for (int64_t b = 0; b < k / block; ++b) {
+    const float* xb = x + b * block;
+    float amax = 0.f;
+    for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    xd[b] = d;
+    for (int64_t i = 0; i < block; ++i) q[b * block + i] = static_cast<int8_t>(std::nearbyint(xb[i] * id));
+  }
+  for (int64_t i = 0; i < k / 16; ++i) {
+    int32_t s = 0;
+    for (int l = 0; l < 16; ++l) s += q[16 * i + l];
+    bs[i] = static_cast<int16_t>(s);
+  }
+}
+
+struct Act {  // one quantized activation row
+  const int8_t* q;
+  const float* d;    // per block of 32 (32-weight types) or 256 (K-quants)
+  const int16_t* bs; // sum of each 16 codes
+};
+
+inline int32_t sum32(const Act& a, int64_t blk32) { return a.bs[2 * blk32] + a.bs[2 * blk32 + 1]; }
+
+inline void q4k_unpack_scales(const uint8_t* s, int* sc, int* m) {
+  for (int j = 0; j < 8; ++j) q4k_scale_min(s, j, sc[j], m[j]);
+}
+
+// The same 16 values four bytes at a time: sc[0..3] and m[0..3] are the low 6 bits of
+// words a and b; sc[4..7] and m[4..7] the nibbles of word c plus the top 2 bits of a and b.
+inline void q4k_unpack_scales_u8(const uint8_t* s, uint8_t* sc, uint8_t* m) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  const uint32_t sc03 = a & 0x3F3F3F3F, m03 = b & 0x3F3F3F3F;
+  const uint32_t sc47 = (c & 0x0F0F0F0F) | ((a >> 2) & 0x30303030);
+  const uint32_t m47 = ((c >> 4) & 0x0F0F0F0F) | ((b >> 2) & 0x30303030);
+  std::memcpy(sc, &sc03, 4);
+  std::memcpy(sc + 4, &sc47, 4);
+  std::memcpy(m, &m03, 4);
+  std::memcpy(m + 4, &m47, 4);
+}
+
+// ----- one row dot product, portable C++ (the reference the SIMD versions must match) -----
+// Not auto-vectorized under GCC: GCC 12.2 with -march=native on an AVX-512 VNNI CPU turned
+// Q8_0's signed-by-signed byte sum into vpdpbusd (unsigned by signed) and returned wrong
+// sums (measured here: -765.8 for -84.7; tests/test_gguf_cpu_kernels.py compares the paths).
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-vectorize")))
+#endif
+float dot_scalar(int64_t t, const uint8_t* w, const Act& a, int64_t k) {
+  const int64_t nb = k / block_weights(t), bb = block_bytes(t);
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b, w += bb) {
+    const int8_t* x = a.q + b * block_weights(t);
+    if (t == Q4_0 || t == Q4_1 || t == Q5_0) {
+      const uint8_t* qs = w + (t == Q4_0 ? 2 : t == Q4_1 ? 4 : 6);
+      uint32_t qh = 0;
+      if (t == Q5_0) std::memcpy(&qh, w + 2, 4);
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) {
+        int lo = qs[i] & 0xF, hi = qs[i] >> 4;
+        if (t == Q5_0) {
+          lo |= ((qh >> i) & 1) << 4;
+          hi |= ((qh >> (i + 16)) & 1) << 4;
+        }
+        sum += lo * x[i] + hi * x[i + 16];
+      }
+      const float d = fp16(w), xsum = a.d[b] * sum32(a, b);
+      acc += d * a.d[b] * sum;
+      if (t == Q4_1) acc += fp16(w + 2) * xsum;
+      else acc -= (t == Q4_0 ? 8.f : 16.f) * d * xsum;
+    } else if (t == Q8_0) {
+      int sum = 0;
+      for (int i = 0; i < 32; ++i) sum += static_cast<int8_t>(w[2 + i]) * x[i];
+      acc += fp16(w) * a.d[b] * sum;
+    } else if (t == Q4_K) {
+      int sc[8], m[8];
+      q4k_unpack_scales(w + 4, sc, m);
+      int sumi = 0, mins = 0;
+      for (int j = 0; j < 8; ++j) {
+        const uint8_t* q = w + 16 + 32 * (j / 2);
+        int sum = 0;
+        for (int i = 0; i < 32; ++i) sum += ((j & 1) ? q[i] >> 4 : q[i] & 0xF) * x[32 * j + i];
+        sumi += sc[j] * sum;
+        mins += m[j] * sum32(a, b * 8 + j);
+      }
+      acc += a.d[b] * (fp16(w) * sumi - fp16(w + 2) * mins);
+    } else {  // Q6_K
+      const uint8_t *ql = w, *qh = w + 128;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+      int sumi = 0;
+      for (int h = 0; h < 2; ++h, ql += 64, qh += 32) {
+        int sums[8] = {0};  // this half's sub-blocks of 16, in weight order
+        const int8_t* xh = x + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+          const int is = l / 16;
+          sums[is] += (((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32) * xh[l];
+          sums[is + 2] += (((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32) * xh[l + 32];
+          sums[is + 4] += (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32) * xh[l + 64];
+          sums[is + 6] += (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32) * xh[l + 96];
+        }
+        for (int i = 0; i < 8; ++i) sumi += sc[8 * h + i] * sums[i];
+      }
+      acc += fp16(w + 208) * a.d[b] * sumi;
+    }
+  }
+  return acc;
+}
+
+#if defined(__AVX2__)
+// 32 unsigned bytes . 32 signed bytes -> 8 int32 partial sums (lane i: bytes 4i..4i+3).
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+  // maddubs cannot saturate here: u <= 128 (Q8_0 via sign) or 31, |s| <= 127, 2 * 128 * 127 < 32767
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// u . s with a 16-bit scale per int16 pair lane folded in (the K-quants' sub-block scales):
+// maddubs pairs (<= 2 * 63 * 127 = 16002) times |scale| <= 127, summed in pairs, fit int32
+inline __m256i dot_scaled(__m256i u, __m256i s, __m256i scale16) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 fma_i32(__m256i i, float scale, __m256 acc) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(scale), acc);
+}
+
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 16 bytes of nibbles -> 32 bytes: low nibbles first (elements 0..15), then high (16..31)
+inline __m256i nibbles_lo_hi(const uint8_t* p) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+
+// Q5_0's 32 high bits -> 0x10 in byte i where bit i is set
+inline __m256i high_bits_x10(const uint8_t* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  // byte i takes byte i / 8 of the word (shuffle works within each 128-bit half; every 4 bytes hold the word)
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);  // byte i tests bit i % 8
+  const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), pick), bit);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+}
+
+// The 32-weight types, R activation rows at once: each block is unpacked once.
+template <int R>
+void dot_blocks32(int64_t t, const uint8_t* w, const Act* a, int64_t k, float* out) {
+  const int64_t nb = k / 32, bb = block_bytes(t);
+  __m256 acc[R];
+  float corr[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), corr[r] = 0.f;
+  for (int64_t b = 0; b < nb; ++b, w += bb) {
+    const float d = fp16(w);
+    if (t == Q8_0) {
+      const __m256i q = load32(w + 2), uq = _mm256_sign_epi8(q, q);
+      // |q| . (x with q's sign) = q . x as an unsigned-by-signed product
+      for (int r = 0; r < R; ++r)
+        acc[r] = fma_i32(dot_u8s8(uq, _mm256_sign_epi8(load32(a[r].q + b * 32), q)), d * a[r].d[b], acc[r]);
+      continue;
+    }
+    __m256i u = nibbles_lo_hi(w + (t == Q4_0 ? 2 : t == Q4_1 ? 4 : 6));
+    if (t == Q5_0) u = _mm256_or_si256(u, high_bits_x10(w + 2));
+    const float off = t == Q4_1 ? fp16(w + 2) : (t == Q4_0 ? -8.f : -16.f) * d;  // times sum(x)
+    for (int r = 0; r < R; ++r) {
+      acc[r] = fma_i32(dot_u8s8(u, load32(a[r].q + b * 32)), d * a[r].d[b], acc[r]);
+      corr[r] += off * a[r].d[b] * sum32(a[r], b);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + corr[r];
+}
+
+template <int R>
+void dot_q4k(const uint8_t* w, const Act* a, int64_t k, float* out) {
+  const int64_t nb = k / 256;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[R];
+  float corr[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), corr[r] = 0.f;
+  for (int64_t b = 0; b < nb; ++b, w += 144) {
+    uint8_t sc[8], m[8];
+    q4k_unpack_scales_u8(w + 4, sc, m);
+    const float d = fp16(w), dmin = fp16(w + 2);
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = load32(w + 16 + 32 * c);
+      const __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      const __m256i s0 = _mm256_set1_epi16(static_cast<int16_t>(sc[2 * c]));
+      const __m256i s1 = _mm256_set1_epi16(static_cast<int16_t>(sc[2 * c + 1]));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = a[r].q + b * 256 + 64 * c;
+        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(dot_scaled(lo, load32(x), s0),
+                                                            dot_scaled(hi, load32(x + 32), s1)));
+      }
+    }
+    // the mins: lane i of madd(sums of 16, m16) is m_i (sum of sub-block i's 32 codes)
+    const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+    const __m256i m16 = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
+    for (int r = 0; r < R; ++r) {
+      const __m256i mins = _mm256_madd_epi16(load32(a[r].bs + b * 16), m16);
+      acc[r] = fma_i32(sumi[r], d * a[r].d[b], acc[r]);
+      acc[r] = fma_i32(mins, -dmin * a[r].d[b], acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + corr[r];
+}
+
+template <int R>
+void dot_q6k(const uint8_t* w, const Act* a, int64_t k, float* out) {
+  const int64_t nb = k / 256;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += 210) {
+    const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+    const float d = fp16(w + 208);
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i lo = load32(w + 64 * h), lo2 = load32(w + 64 * h + 32), hb = load32(w + 128 + 32 * h);
+      // unsigned codes 0..63 of this half's groups of 32 (its elements 0-31, 32-63, 64-95, 96-127)
+      const __m256i u[4] = {
+          _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), bits45)),
+          _mm256_or_si256(_mm256_and_si256(lo2, low4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), low4), _mm256_and_si256(hb, bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo2, 4), low4),
+                          _mm256_and_si256(_mm256_srli_epi16(hb, 2), bits45)),
+      };
+      for (int g = 0; g < 4; ++g) {
+        // int16 lanes 0-7 hold elements 0-15 (scale sc[2g]), lanes 8-15 elements 16-31 (sc[2g + 1])
+        const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * g + 1]), _mm_set1_epi16(sc[8 * h + 2 * g]));
+        for (int r = 0; r < R; ++r)
+          sumi[r] = _mm256_add_epi32(sumi[r], dot_scaled(u[g], load32(a[r].q + b * 256 + 128 * h + 32 * g), s));
+      }
+    }
+    // the codes are stored + 32: subtract 32 * sum_i sc_i * (sum of sub-block i's 16 codes)
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    for (int r = 0; r < R; ++r) {
+      const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(load32(a[r].bs + b * 16), sc16), 5);
+      acc[r] = fma_i32(_mm256_sub_epi32(sumi[r], off), d * a[r].d[b], acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+template <int R>
+void dot_rows_simd(int64_t t, const uint8_t* w, const Act* a, int64_t k, float* out) {
+  if (t == Q4_K) dot_q4k<R>(w, a, k, out);
+  else if (t == Q6_K) dot_q6k<R>(w, a, k, out);
+  else dot_blocks32<R>(t, w, a, k, out);
+}
+#endif
+
+constexpr int TILE = 4;  // activation rows per pass over a weight row
+
+// out[r] = row . a[r] for r < rows (rows <= TILE)
+void dot_rows(int64_t t, const uint8_t* w, const Act* a, int rows, int64_t k, float* out, bool portable) {
+#if defined(__AVX2__)
+  if (!portable) {
+    switch (rows) {
+      case 1: return dot_rows_simd<1>(t, w, a, k, out);
+      case 2: return dot_rows_simd<2>(t, w, a, k, out);
+      case 3: return dot_rows_simd<3>(t, w, a, k, out);
+      default: return dot_rows_simd<4>(t, w, a, k, out);
+    }
+  }
+#endif
+  for (int r = 0; r < rows; ++r) out[r] = dot_scalar(t, w, a[r], k);
+}
+
+void check_weight(const at::Tensor& w, int64_t t, int64_t n, int64_t k) {
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.is_contiguous(),
+              "minillm_gguf: the weight must be a contiguous CPU uint8 tensor");
+  TORCH_CHECK(k % block_weights(t) == 0, "minillm_gguf: in_features ", k, " is not a multiple of the block size ",
+              block_weights(t), " of type id ", t);
+  TORCH_CHECK(w.numel() == n * (k / block_weights(t)) * block_bytes(t), "minillm_gguf: weight holds ", w.numel(),
+              " bytes, expected ", n * (k / block_weights(t)) * block_bytes(t), " for ", n, " x ", k);
+}
+
+// ----- the ops -----
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_in, int64_t block) {
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  TORCH_CHECK(block == 32 || block == 256, "minillm_gguf: activation block must be 32 or 256, got ", block);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % block == 0, "minillm_gguf: x must be [M, K] with K % ", block, " == 0");
+  const int64_t m = x.size(0), k = x.size(1);
+  at::Tensor q = at::empty({m, k}, x.options().dtype(at::kChar));
+  at::Tensor xd = at::empty({m, k / block}, x.options());
+  at::Tensor bs = at::empty({m, k / 16}, x.options().dtype(at::kShort));
+  const float* px = x.data_ptr<float>();
+  int8_t* pq = q.data_ptr<int8_t>();
+  float* pd = xd.data_ptr<float>();
+  int16_t* ps = bs.data_ptr<int16_t>();
+  at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      quantize_row(px + r * k, k, block, pq + r * k, pd + r * (k / block), ps + r * (k / 16));
+  });
+  return {q, xd, bs};
+}
+
+at::Tensor qmatmul(const at::Tensor& q, const at::Tensor& xd, const at::Tensor& bs, const at::Tensor& w, int64_t t,
+                   int64_t n, bool portable) {
+  const int64_t m = q.size(0), k = q.size(1);
+  check_weight(w, t, n, k);
+  TORCH_CHECK(xd.size(1) * block_weights(t) == k, "minillm_gguf: type id ", t, " needs activations quantized in blocks of ",
+              block_weights(t));
+  at::Tensor out = at::empty({m, n}, xd.options());
+  const uint8_t* pw = w.data_ptr<uint8_t>();
+  const int8_t* pq = q.data_ptr<int8_t>();
+  const float* pd = xd.data_ptr<float>();
+  const int16_t* ps = bs.data_ptr<int16_t>();
+  float* po = out.data_ptr<float>();
+  const int64_t row_bytes = (k / block_weights(t)) * block_bytes(t), nblk = xd.size(1);
+  // rows of W split across threads; each row meets the activation rows TILE at a time while it is in L1
+  at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
+    Act a[TILE];
+    float res[TILE];
+    for (int64_t j = n0; j < n1; ++j) {
+      const uint8_t* row = pw + j * row_bytes;
+      for (int64_t r0 = 0; r0 < m; r0 += TILE) {
+        const int rows = static_cast<int>(std::min<int64_t>(TILE, m - r0));
+        for (int r = 0; r < rows; ++r) a[r] = {pq + (r0 + r) * k, pd + (r0 + r) * nblk, ps + (r0 + r) * (k / 16)};
+        dot_rows(t, row, a, rows, k, res, portable);
+        for (int r = 0; r < rows; ++r) po[(r0 + r) * n + j] = res[r];
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor dequantize(const at::Tensor& w, int64_t t, int64_t n, int64_t k) {
+  check_weight(w, t, n, k);
+  at::Tensor out = at::empty({n, k}, at::TensorOptions().dtype(at::kFloat));
+  const uint8_t* pw = w.data_ptr<uint8_t>();
+  float* po = out.data_ptr<float>();
+  const int64_t row_bytes = (k / block_weights(t)) * block_bytes(t);
+  at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t j = n0; j < n1; ++j) dequant_row(t, pw + j * row_bytes, po + j * k, k);
+  });
+  return out;
+}
+
+std::string isa() {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return "avx2+avx512vnni";
+#elif defined(__AVXVNNI__)
+  return "avx2+avxvnni";
+#elif defined(__AVX2__)
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(minillm_gguf, lib) {
+  lib.def("quantize_act(Tensor x, int block) -> (Tensor, Tensor, Tensor)");
+  lib.def("qmatmul(Tensor q, Tensor xd, Tensor bs, Tensor w, int qtype, int n, bool portable=False) -> Tensor");
+  lib.def("dequantize(Tensor w, int qtype, int n, int k) -> Tensor");
+  lib.def("isa() -> str", &isa);  // which SIMD path this build compiled in
+}
+
+TORCH_LIBRARY_IMPL(minillm_gguf, CPU, lib) {
+  lib.impl("quantize_act", &quantize_act);
+  lib.impl("qmatmul", &qmatmul);
+  lib.impl("dequantize", &dequantize);
+}

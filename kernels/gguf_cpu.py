@@ -1,0 +1,142 @@
+"""Build and load the C++ GGUF block kernels (kernels/cpu/gguf_matmul.cpp) for this CPU.
+
+The kernels multiply a GGUF tensor's own bytes (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K,
+Q6_K) by an activation quantized to int8 blocks of 32, as llama.cpp does; see
+the .cpp header for the formats. They are compiled on first use with the
+machine's compiler (torch.utils.cpp_extension, about 30-60 s once; cached under
+the minillm cache folder, keyed by the source, the flags and the CPU's flags so
+a build never runs on a CPU it was not built for).
+
+Which instructions: ``-march=native`` by default, so the build uses what this
+CPU has (AVX2; VNNI dot products on AVX-512 VNNI or AVX-VNNI CPUs). Setting
+``ATEN_CPU_CAPABILITY`` -- torch's own switch for its CPU kernels -- to ``avx2``
+or ``default`` builds the AVX2-only or the portable C++ path instead, so an
+AVX-512 machine can test the code an AVX2 laptop runs.
+
+``load()`` returns the op namespace (torch.ops.minillm_gguf) or raises
+GGUFKernelUnavailable with the reason (no compiler, build error); callers fall
+back to a slower path and say so.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu") / "gguf_matmul.cpp"
+TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # ggml type ids
+BLOCK = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}  # id -> (weights, bytes)
+
+
+class GGUFKernelUnavailable(RuntimeError):
+    """The C++ kernels could not be built or loaded on this machine."""
+
+
+def isa_flags(capability: str | None = None) -> tuple[str, list[str]]:
+    """(label, compiler flags) for ATEN_CPU_CAPABILITY (unset: this CPU's own instruction set)."""
+    cap = (capability if capability is not None else os.environ.get("ATEN_CPU_CAPABILITY", "")).lower()
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "native", ["-O3", "-mcpu=native"] if platform.machine().startswith("arm") else ["-O3"]
+    if cap == "default":
+        return "portable", ["-O3"]
+    if cap == "avx2":  # what Zen 2/3 and Intel client CPUs without AVX-512 have
+        return "avx2", ["-O3", "-mavx2", "-mfma", "-mf16c"]
+    return "native", ["-O3", "-march=native"]
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("MINILLM_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "minillm"
+
+
+@functools.cache
+def _build(label: str, flags: tuple[str, ...]):
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + " ".join(flags).encode() + _cpu_flags().encode() + torch.__version__.encode()
+    ).hexdigest()[:12]
+    name = f"minillm_gguf_{label}_{key}"
+    build_dir = _cache_root() / "kernels" / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    from torch.utils import cpp_extension
+
+    try:
+        # ops register themselves in torch.ops.minillm_gguf when the library loads
+        cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(flags), build_directory=str(build_dir),
+                           is_python_module=False, verbose=False)
+    except Exception as e:  # a missing compiler or ninja, a build error: report, never crash the engine
+        raise GGUFKernelUnavailable(f"building {SOURCE.name} failed ({type(e).__name__}: {str(e)[-400:]})") from e
+    return torch.ops.minillm_gguf
+
+
+def load(capability: str | None = None):
+    """torch.ops.minillm_gguf, built for ATEN_CPU_CAPABILITY (or `capability`), or GGUFKernelUnavailable.
+
+    One process holds one build: the ops' names are global, so asking for a second
+    capability after the first loaded is refused (run it in a subprocess).
+    """
+    label, flags = isa_flags(capability)
+    others = _LOADED - {label}
+    if others:
+        raise GGUFKernelUnavailable(f"this process already loaded the {others.pop()} build; start a new one for {label}")
+    ops = _build(label, tuple(flags))
+    if label not in _LOADED:
+        _register_fakes()
+        _LOADED.add(label)
+    return ops
+
+
+_LOADED: set[str] = set()
+
+
+def available() -> tuple[bool, str]:
+    """(True, the build's instruction set) or (False, why not)."""
+    try:
+        return True, load().isa()
+    except GGUFKernelUnavailable as e:
+        return False, str(e)
+
+
+def activation_block(type_id: int) -> int:
+    """Activations meet a weight type quantized in blocks of 256 (K-quants) or 32 (the rest)."""
+    return BLOCK[type_id][0]
+
+
+def row_bytes(type_id: int, in_features: int) -> int:
+    per, nbytes = BLOCK[type_id]
+    return in_features // per * nbytes
+
+
+# torch.compile traces through fake tensors: declare each op's output shapes
+def _register_fakes() -> None:
+    try:
+        lib = torch.library
+
+        @lib.register_fake("minillm_gguf::quantize_act")
+        def _(x, block):
+            m, k = x.shape
+            return (x.new_empty((m, k), dtype=torch.int8), x.new_empty((m, k // block), dtype=torch.float32),
+                    x.new_empty((m, k // 16), dtype=torch.int16))
+
+        @lib.register_fake("minillm_gguf::qmatmul")
+        def _(q, xd, bs, w, qtype, n, portable=False):
+            return xd.new_empty((q.shape[0], n))
+
+        @lib.register_fake("minillm_gguf::dequantize")
+        def _(w, qtype, n, k):
+            return w.new_empty((n, k), dtype=torch.float32)
+    except (RuntimeError, AttributeError):  # already registered in this process, or an older torch
+        pass

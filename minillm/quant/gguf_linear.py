@@ -1,0 +1,144 @@
+"""GGUFLinear: a linear layer computed on a GGUF file's own blocks (no dequantized copy).
+
+The weight stays as the file stores it -- Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K
+blocks, one byte string per output row -- and the C++ kernels of
+kernels/gguf_cpu.py multiply it by the activation quantized to int8 blocks, as
+llama.cpp does. A fused layer (qkv_proj, gate_up_proj) may mix types (Qwen2.5's
+Q4_K_M files store some attn_v and ffn_down as Q6_K): it holds one part per
+GGUF tensor, and each part writes its own columns of the output.
+
+Error budget: the weights are exact (the file's codes and scales, read as the
+file means them; tests/test_gguf_cpu_kernels.py checks the dequantized rows
+against gguf-py's bit for bit); the activation is rounded to 8 bits per block of
+32 or 256 values, so a row's output is off by about 0.5-0.7% of the output's
+norm for Gaussian inputs (measured on every type, same test).
+
+CPU only: on other devices minillm.quant.gguf maps the 4-bit types onto int4 instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from minillm.kernels import gguf_cpu
+
+
+@dataclass(frozen=True)
+class GGUFPart:
+    """One GGUF tensor inside a (possibly fused) layer: its type and how many output rows it holds."""
+
+    type_name: str
+    rows: int
+
+    @property
+    def type_id(self) -> int:
+        return gguf_cpu.TYPE_IDS[self.type_name]
+
+
+class GGUFLinear(nn.Module):
+    """y = x @ W.T + b with W kept as GGUF blocks (parts stacked along the output rows)."""
+
+    def __init__(self, in_features: int, parts: list[tuple[str, torch.Tensor]], bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        gguf_cpu.load()  # GGUFKernelUnavailable when this machine cannot build the kernels
+        self.in_features = in_features
+        self.parts: list[GGUFPart] = []
+        for i, (type_name, raw) in enumerate(parts):
+            if type_name not in gguf_cpu.TYPE_IDS:
+                raise ValueError(f"GGUFLinear: {type_name} blocks have no kernel (supported: {sorted(gguf_cpu.TYPE_IDS)})")
+            per_row = gguf_cpu.row_bytes(gguf_cpu.TYPE_IDS[type_name], in_features)
+            if in_features % gguf_cpu.activation_block(gguf_cpu.TYPE_IDS[type_name]) or raw.numel() % per_row:
+                raise ValueError(f"GGUFLinear: {raw.numel()} bytes of {type_name} are not whole rows of {in_features}")
+            self.parts.append(GGUFPart(type_name, raw.numel() // per_row))
+            self.register_buffer(f"blocks{i}", raw.reshape(-1).contiguous().to(torch.uint8))
+        self.out_features = sum(p.rows for p in self.parts)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        ops = torch.ops.minillm_gguf
+        acts: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # quantized once per block size
+        outs = []
+        for i, part in enumerate(self.parts):
+            block = gguf_cpu.activation_block(part.type_id)
+            if block not in acts:
+                acts[block] = ops.quantize_act(flat, block)
+            outs.append(ops.qmatmul(*acts[block], getattr(self, f"blocks{i}"), part.type_id, part.rows))
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The float32 [out, in] weight the blocks stand for (tests, and the float reference)."""
+        return torch.cat([torch.ops.minillm_gguf.dequantize(getattr(self, f"blocks{i}"), p.type_id, p.rows, self.in_features)
+                          for i, p in enumerate(self.parts)])
+
+    def extra_repr(self) -> str:
+        kinds = "+".join(f"{p.type_name}x{p.rows}" for p in self.parts)
+        return f"in_features={self.in_features}, out_features={self.out_features}, blocks={kinds}, bias={self.bias is not None}"
+
+
+# our fused layer -> the GGUF tensors stacked along its rows (and whether RoPE permuted them: llama arch)
+LAYER_PLAN = {
+    "self_attn.qkv_proj": (("attn_q", "q"), ("attn_k", "k"), ("attn_v", None)),
+    "self_attn.o_proj": (("attn_output", None),),
+    "mlp.gate_up_proj": (("ffn_gate", None), ("ffn_up", None)),
+    "mlp.down_proj": (("ffn_down", None),),
+}
+
+
+def _rows(t, in_features: int, heads: int | None) -> torch.Tensor:
+    """A GGUF tensor's bytes as [rows, row bytes], llama.cpp's RoPE row permutation undone when `heads` is given."""
+    from minillm.loader.gguf import unpermute_rope_rows
+
+    raw = torch.from_numpy(np.array(t.data)).reshape(int(t.shape[1]), -1)  # np.array: a copy of the mmap rows
+    return unpermute_rope_rows(raw, heads) if heads is not None else raw
+
+
+@torch.no_grad()
+def keep_gguf_blocks(model: nn.Module, path: str | Path) -> dict[str, str]:
+    """Swap every decoder linear, and the LM head, for a GGUFLinear on the file's own blocks.
+
+    The model was loaded from the same file (dequantized to float); the float
+    weights of swapped layers are dropped. A layer with a tensor type the kernels
+    lack (Q5_1, Q5_K, F16 ...) stays float. Returns {layer: what happened}.
+    """
+    from minillm.loader.gguf import _Reader
+
+    tensors = {t.name: t for t in _Reader(Path(path)).tensors}
+    cfg = model.config
+    heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads} if cfg.model_type == "llama" else {}
+    report: dict[str, str] = {}
+
+    def swap(owner: nn.Module, attr: str, name: str, ts: list, head_of: list) -> None:
+        lin = getattr(owner, attr)
+        kinds = [t.tensor_type.name if t is not None else "missing" for t in ts]
+        k = lin.in_features
+        ok = all(kind in gguf_cpu.TYPE_IDS and k % gguf_cpu.activation_block(gguf_cpu.TYPE_IDS[kind]) == 0 for kind in kinds)
+        if not ok:
+            report[name] = "float (" + "+".join(sorted(set(kinds))) + ")"
+            return
+        parts = [(t.tensor_type.name, _rows(t, k, heads.get(h))) for t, h in zip(ts, head_of)]
+        if sum(p.shape[0] for _, p in parts) != lin.out_features:
+            report[name] = f"float (the file's rows do not match {lin.out_features} outputs)"
+            return
+        bias = getattr(lin, "bias", None)
+        setattr(owner, attr, GGUFLinear(k, parts, bias=bias))
+        report[name] = "+".join(sorted(set(kinds))) + " blocks"
+
+    for i, layer in enumerate(model.layers):
+        for target, plan in LAYER_PLAN.items():
+            parent, _, attr = target.rpartition(".")
+            ts = [tensors.get(f"blk.{i}.{p}.weight") for p, _ in plan]
+            swap(layer.get_submodule(parent), attr, f"layers.{i}.{target}", ts, [h for _, h in plan])
+    # the LM head: its own tensor, or the embedding table when they are tied
+    head = tensors.get("output.weight")
+    head = head if head is not None else tensors.get("token_embd.weight")
+    swap(model, "lm_head", "lm_head", [head], [None])
+    report["kernels"] = torch.ops.minillm_gguf.isa()
+    return report
