@@ -1,0 +1,59 @@
+"""scripts/test.sh installs what its tests need and says what it skips; run with stand-ins for python3 and apt-get.
+
+A fake `python3` records every call (pip installs, pytest) and a fake `apt-get` records the Chromium
+install, on a PATH without Chromium. What can fail: Chromium must be installed when we are root, pytest
+must list skip reasons (-rs), and the quick mode must run the fast subset without models or Chromium.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDER = '#!/bin/sh\necho "$(basename "$0") $*" >> "$CALLS"\n'
+
+
+@pytest.fixture()
+def fake_path(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname", "basename", "id", "sh"):
+        found = shutil.which(tool)
+        if found is None:
+            pytest.skip(f"no {tool} on this machine")
+        (bin_dir / tool).symlink_to(found)
+    for fake in ("python3", "apt-get"):
+        (bin_dir / fake).write_text(RECORDER)
+        (bin_dir / fake).chmod(0o755)
+    return bin_dir
+
+
+def run_test_sh(bin_dir: Path, tmp_path: Path, **env: str) -> tuple[list[str], str]:
+    calls = tmp_path / "calls.txt"
+    run_env = {"PATH": str(bin_dir), "CALLS": str(calls), "HOME": str(tmp_path), **env}
+    proc = subprocess.run([str(bin_dir / "bash"), str(ROOT / "scripts" / "test.sh"), "-k", "x"], env=run_env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return calls.read_text().splitlines(), proc.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the Chromium install path needs root")
+def test_test_sh_installs_chromium_and_lists_skip_reasons(fake_path, tmp_path):
+    calls, err = run_test_sh(fake_path, tmp_path, MINILLM_TEST_MODELS="0")
+    assert any(c.startswith("apt-get install") and "chromium" in c for c in calls), calls
+    pytest_call = next(c for c in calls if c.startswith("python3 -m pytest"))
+    assert " -rs " in pytest_call and pytest_call.endswith("-k x") and "not slow" not in pytest_call
+    assert any("pip install -q -e .[test,server,notebooks]" in c for c in calls)
+    assert "installing Chromium" in err and "install.sh: torch" in err  # no silent minutes
+
+
+def test_quick_mode_runs_the_fast_subset_without_models_or_chromium(fake_path, tmp_path):
+    calls, _ = run_test_sh(fake_path, tmp_path, MINILLM_QUICK="1")
+    assert not any(c.startswith("apt-get") for c in calls)
+    assert not any("models" in c for c in calls if "pip" in c)
+    pytest_call = next(c for c in calls if c.startswith("python3 -m pytest"))
+    assert "-rs -m not slow -k x" in pytest_call
