@@ -167,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     qnt.add_argument("--prompt-len", type=int, default=32)
     qnt.add_argument("--output-len", type=int, default=64)
     qnt.add_argument("--repeats", type=int, default=3)
+    qnt.add_argument("--llama-cpp", choices=["auto", "off"], default="auto",
+                     help="auto: llama.cpp decodes the same GGUF in this run when llama-cpp-python is installed "
+                          "(a ratio is shown only then); off: never")
+    qnt.add_argument("--repack", choices=["0", "1", "both"], default="both",
+                     help="llama.cpp's runtime weight repacking (use_extra_bufts): off, on, or both as two peers")
     qnt.add_argument("--threads", type=int, default=None)
     qnt.add_argument("--seed", type=int, default=0)
     qnt.add_argument("--remeasure-roofs", action="store_true")
@@ -449,7 +454,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _quant(args: argparse.Namespace) -> dict[str, Any]:
-    from minillm.bench.quant import LLAMA_CPP_NOTE, format_quant, measure_quant
+    from minillm.bench.quant import PeerDecodeRow, format_quant, measure_quant, peer_ratios
     from minillm.bench.report import build_report
     from minillm.bench.runner import _context
     from minillm.eval.ppl import parse_setting
@@ -465,13 +470,26 @@ def _quant(args: argparse.Namespace) -> dict[str, Any]:
     bw = roofs.bandwidth_bytes_per_s if roofs is not None else None
     wl = LatencyWorkload(args.prompt_len, args.output_len, 0, args.seed)
     loaded = load_model(args.model, dtype=torch.float32)
-    rows = measure_quant(loaded, settings, wl, bw, args.repeats, args.group_size,
-                         log=(lambda s: None) if args.quiet else _log)
+    # llama.cpp on the same GGUF, in this run, or no ratio at all (never a figure typed into the code)
+    args.compare = ["llama.cpp"] if args.llama_cpp == "auto" else []
+    peers = _llama_cpp_subjects(args) if args.llama_cpp == "auto" else []
+    if args.llama_cpp == "off":
+        args.peer_notes["llama.cpp"] = "turned off (--llama-cpp off)"
+    peer_rows: list[PeerDecodeRow] = []
+    try:
+        rows = measure_quant(loaded, settings, wl, bw, args.repeats, args.group_size,
+                             log=(lambda s: None) if args.quiet else _log, peers=peers, peer_rows=peer_rows)
+    finally:
+        for p in peers:
+            p.close()
+    note = "; ".join(args.peer_notes.values()) or None
     report = build_report("quant", **_context(roofs, "cpu"), workload=wl,
                           settings={"model": args.model or "default", "threads": torch.get_num_threads(),
-                                    "group_size": args.group_size, "settings": list(settings)},
-                          rows=[r.to_dict() for r in rows], llama_cpp_reference=LLAMA_CPP_NOTE)
-    print(format_quant(rows, bw))
+                                    "group_size": args.group_size, "settings": list(settings),
+                                    **_llama_cpp_settings(args)},
+                          rows=[r.to_dict() for r in rows], llama_cpp_decode=[p.to_dict() for p in peer_rows],
+                          ratios_to_llama_cpp=peer_ratios(rows, peer_rows))
+    print(format_quant(rows, bw, peer_rows, note))
     return report
 
 

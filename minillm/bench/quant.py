@@ -8,15 +8,15 @@ a drifting shared machine hits all alike. For each setting the report holds:
   tensors the model holds (minillm.quant.footprint);
 - KV bytes per token (values + scales) and the mean KV bytes a step reads over
   the workload's contexts;
-- the bandwidth roof: measured copy bandwidth / bytes per step, the speed if
-  the step were nothing but reading those bytes once;
+- the bandwidth roof: the measured bandwidth roof / bytes per step, the speed
+  if the step were nothing but reading those bytes once;
 - measured decode tok/s and its fraction of the roof.
 
-llama.cpp: issue 6 quotes llama-bench on this machine running the same GGUF
-at about 110-145 tok/s without its AMX weight repacking and about 275 with it.
-Those are quoted reference figures, not measured in this run (run
-`minillm bench latency --compare llama.cpp` where llama-cpp-python is
-installed to measure them side by side).
+llama.cpp: where llama-cpp-python is installed and the model is a GGUF file,
+llama.cpp decodes the same prompts from the same file in the same run (with
+and without its runtime weight repacking), interleaved with the settings, and
+each setting's ratio to each llama.cpp run is reported. Otherwise no ratio is
+shown: a figure typed into the code is not a measurement of this machine.
 """
 from __future__ import annotations
 
@@ -25,14 +25,11 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from minillm.bench.workload import LatencyWorkload
 
 DEFAULT_SETTINGS = ("float", "int8", "int4", "gguf", "gguf+head8", "kv-int8", "int4+head8+kv-int8")
-LLAMA_CPP_QUOTED_TOK_S = {"no_repack": (110.0, 145.0), "repack": (275.0, 275.0)}
-LLAMA_CPP_NOTE = ("quoted in issue 6 (llama-bench, same GGUF, this machine), not measured in this run: "
-                  "without AMX weight repacking 110-145 tok/s, with it about 275")
 
 
 @dataclass
@@ -53,10 +50,27 @@ class QuantSubjectRow:
         d = dataclasses.asdict(self)
         d["median_tok_s"] = self.median_tok_s
         d["roof_fraction"] = self.median_tok_s / self.roof_tok_s if self.roof_tok_s else None
-        lo, hi = LLAMA_CPP_QUOTED_TOK_S["no_repack"]
-        d["ratio_to_llama_cpp_quoted"] = {"no_repack_110": self.median_tok_s / lo, "no_repack_145": self.median_tok_s / hi,
-                                          "repack_275": self.median_tok_s / LLAMA_CPP_QUOTED_TOK_S["repack"][0]}
         return d
+
+
+@dataclass
+class PeerDecodeRow:
+    """A peer (llama.cpp) decoding the same prompts in the same run."""
+
+    name: str
+    tok_s: list[float] = field(default_factory=list)
+
+    @property
+    def median_tok_s(self) -> float:
+        return statistics.median(self.tok_s) if self.tok_s else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"median_tok_s": self.median_tok_s}
+
+
+def peer_ratios(rows: list[QuantSubjectRow], peers: list[PeerDecodeRow]) -> dict[str, dict[str, float]]:
+    """setting -> peer -> median tok/s over the peer's median, for peers measured in this run only."""
+    return {r.setting: {p.name: r.median_tok_s / p.median_tok_s for p in peers if p.tok_s} for r in rows}
 
 
 def build_subject(loaded, setting: str, group_size: int | None = None, max_num_seqs: int = 8):
@@ -82,7 +96,10 @@ def build_subject(loaded, setting: str, group_size: int | None = None, max_num_s
 def measure_quant(
     loaded, settings: tuple[str, ...], workload: LatencyWorkload, bandwidth: float | None,
     repeats: int = 3, group_size: int | None = None, log: Callable[[str], None] = lambda s: None,
+    peers: Sequence[Any] = (), peer_rows: list[PeerDecodeRow] | None = None,
 ) -> list[QuantSubjectRow]:
+    """One row per setting. `peers` (subjects with .name and .decode) decode the same prompts, interleaved
+    with the settings; their timings are appended to `peer_rows`."""
     from minillm.attention.kv_quant import kv_bytes_per_token, resolve_kv_cache_dtype
     from minillm.quant.footprint import weight_bytes_per_token
 
@@ -100,32 +117,51 @@ def measure_quant(
         rows.append(QuantSubjectRow(name, wb, kv_tok, kv_read, roof, round(time.perf_counter() - t0, 2)))
         subjects.append(subj)
         log(f"built {name}: {wb / 1e6:.1f} MB weights/token, {kv_tok} B KV/token ({rows[-1].load_s}s)")
-    for s in subjects:  # warm-up: allocations, oneDNN primitives, first-call packing
-        s.engine.executor.attach()  # KV-only settings share the float model: point it at this engine's pool
+    peer_out = [PeerDecodeRow(p.name) for p in peers]
+    if peer_rows is not None:
+        peer_rows.extend(peer_out)
+    everyone = subjects + list(peers)
+    timed = rows + peer_out
+    for s in everyone:  # warm-up: allocations, oneDNN primitives, first-call packing
+        _attach(s)
         s.decode(workload.decode_prompt(-1, cfg.vocab_size), min(8, workload.output_len))
     for r in range(repeats):
         prompt = workload.decode_prompt(r, cfg.vocab_size)
-        order = list(range(len(subjects)))
+        order = list(range(len(everyone)))
         for i in order if r % 2 == 0 else order[::-1]:
-            subjects[i].engine.executor.attach()
-            run = subjects[i].decode(prompt, workload.output_len)
-            rows[i].tok_s.append(run.decode_tok_s)
-            log(f"decode {rows[i].setting:20s} repeat {r}: {run.decode_tok_s:7.2f} tok/s")
+            _attach(everyone[i])
+            run = everyone[i].decode(prompt, workload.output_len)
+            timed[i].tok_s.append(run.decode_tok_s)
+            label = getattr(timed[i], "setting", None) or timed[i].name
+            log(f"decode {label:20s} repeat {r}: {run.decode_tok_s:7.2f} tok/s")
     return rows
 
 
-def format_quant(rows: list[QuantSubjectRow], bandwidth: float | None) -> str:
+def _attach(subject: Any) -> None:
+    """KV-only settings share the float model: point it at this engine's pool (peers have their own)."""
+    engine = getattr(subject, "engine", None)
+    if engine is not None:
+        engine.executor.attach()
+
+
+def format_quant(rows: list[QuantSubjectRow], bandwidth: float | None, peers: Sequence[PeerDecodeRow] = (),
+                 peer_note: str | None = None) -> str:
     bw = f"{bandwidth / 1e9:.1f} GB/s" if bandwidth else "not measured"
-    lines = [f"batch-1 decode per setting (copy bandwidth {bw})",
-             f"{'setting':20s} {'W MB/tok':>9s} {'KV B/tok':>9s} {'roof tok/s':>10s} {'tok/s':>8s} {'of roof':>8s} "
-             f"{'vs 110-145':>11s} {'vs 275':>7s}"]
+    measured = [p for p in peers if p.tok_s]
+    ratios = peer_ratios(rows, measured)
+    lines = [f"batch-1 decode per setting (bandwidth roof {bw})",
+             f"{'setting':20s} {'W MB/tok':>9s} {'KV B/tok':>9s} {'roof tok/s':>10s} {'tok/s':>8s} {'of roof':>8s}"
+             + "".join(f" {'vs ' + p.name:>22s}" for p in measured)]
     for r in rows:
         d = r.to_dict()
         roof = f"{r.roof_tok_s:10.1f}" if r.roof_tok_s else f"{'n/a':>10s}"
         frac = f"{d['roof_fraction']:8.1%}" if d["roof_fraction"] else f"{'n/a':>8s}"
-        q = d["ratio_to_llama_cpp_quoted"]
         lines.append(f"{r.setting:20s} {r.weight_bytes_per_token / 1e6:9.1f} {r.kv_bytes_per_token:9d} {roof} "
-                     f"{r.median_tok_s:8.1f} {frac} {q['no_repack_145']:5.2f}-{q['no_repack_110']:4.2f} "
-                     f"{q['repack_275']:7.2f}")
-    lines.append("llama.cpp: " + LLAMA_CPP_NOTE)
+                     f"{r.median_tok_s:8.1f} {frac}" + "".join(f" {ratios[r.setting][p.name]:22.2f}" for p in measured))
+    for p in measured:
+        lines.append(f"{p.name}: {p.median_tok_s:.1f} tok/s (median of {len(p.tok_s)}, same prompts, this run)")
+    if not measured:
+        lines.append(f"llama.cpp: not measured in this run ({peer_note or 'not asked for'}), so no ratio is shown")
+    elif peer_note:
+        lines.append(f"llama.cpp: {peer_note}")
     return "\n".join(lines)
