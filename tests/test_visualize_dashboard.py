@@ -137,3 +137,17 @@ def test_nan_reaches_a_widget_as_a_gap():
     import numpy as np
 
     assert json_safe({"a": np.array([1.0, np.nan]), "b": (np.float32("inf"), 2)}) == {"a": [1.0, None], "b": [None, 2]}
+
+
+def test_a_dashboard_rebuilt_on_a_finished_engine_shows_its_trace_and_why_step_does_nothing():
+    # re-running a dashboard cell after the run: the views must show the recorded steps (not the
+    # "press Step" placeholder) and the status must say why Step has nothing to do
+    engine = busy_engine()
+    while engine.has_unfinished_requests():
+        engine.step()
+    dash = Dashboard(engine, roofs=ROOFS)
+    assert dash.step() == 0
+    state = synced_state(dash.timeline.widget)
+    assert len(state["data"][0]["z"][0]) == len(engine.trace)
+    assert not any("press Step" in a.get("text", "") for a in state["layout"].get("annotations", []))
+    assert "nothing to do until requests are added" in dash.controller.status.value

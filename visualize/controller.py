@@ -91,7 +91,8 @@ class StepController:
         if self.engine is not None:
             last = self.trace[-1] if self.trace else None  # the trace, not the scheduler's internals
             if not self.has_work:
-                state = "no unfinished requests"
+                # say why Step does nothing (a re-run dashboard cell on an engine that already finished)
+                state = "no unfinished requests: Step and Run have nothing to do until requests are added"
             elif last is None:
                 state = "requests queued: press Step or Run"
             else:
