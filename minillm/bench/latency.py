@@ -4,7 +4,7 @@ Decode: a short prompt, greedy, a fixed number of output tokens; tok/s counts
 the tokens after the first over the time from the first to the last (the
 prefill is measured on its own). Its bandwidth fraction compares the bytes one
 decode step must read (all weights + the KV cache so far, from the step trace)
-at that speed with the machine's measured copy bandwidth.
+at that speed with the machine's measured bandwidth roof (minillm/roofline/roofs.py).
 Prefill: the time to first token of a request with one output token.
 Repeats alternate the order of the subjects (A B, B A, ...) so slow drift of a
 shared machine hits both alike.

@@ -21,7 +21,7 @@ class Target:
 
 
 DECODE_VS_TRANSFORMERS = ("decode_vs_transformers", "batch-1 decode tok/s, minillm / transformers", 1.2)
-DECODE_BANDWIDTH = ("decode_bandwidth_fraction", "batch-1 decode bytes/s as a fraction of the measured copy bandwidth", 0.75)
+DECODE_BANDWIDTH = ("decode_bandwidth_fraction", "batch-1 decode bytes/s as a fraction of the measured bandwidth roof", 0.75)
 QUANT_DECODE_VS_LLAMA_CPP = ("quantized_decode_vs_llama_cpp_norepack",
                              "batch-1 decode tok/s, minillm with quantized weights / llama.cpp without repacking", 1.0)
 PREFILL_VS_TRANSFORMERS = ("prefill_1k_vs_transformers", "1k-token prefill speed, transformers TTFT / minillm TTFT", 1.0)

@@ -61,7 +61,7 @@ class StepRoofline:
     achieved_bytes_per_s: float
     attainable_flops_per_s: float  # the roof at this intensity
     roof_fraction: float  # achieved / attainable
-    bandwidth_fraction: float  # achieved bytes/s / the copy bandwidth
+    bandwidth_fraction: float  # achieved bytes/s / the bandwidth roof
     compute_fraction: float  # achieved FLOP/s / the matmul peak
     bound: Bound
 
