@@ -33,7 +33,7 @@ if not Path(CHROMIUM).exists():
 # a missing package is a failure here, not a skip.
 import nbformat  # noqa: E402
 import jupyterlab  # noqa: E402,F401
-from playwright.sync_api import sync_playwright  # noqa: E402  (its own browser download is not needed)
+from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright  # noqa: E402  (its own browser download is not needed)
 
 pytestmark = pytest.mark.slow
 
@@ -170,7 +170,16 @@ class Page:
     def panels(self) -> dict[str, int]:
         return self.page.evaluate(PANEL_TRACES)
 
-    def assert_all_panels_drawn(self) -> None:
+    def assert_all_panels_drawn(self, timeout: int = 30_000) -> None:
+        """Every view drawn (waiting for a slow page up to `timeout`) and nothing logged as an error."""
+        want = json.dumps(sorted(PANELS))
+        try:
+            self.page.wait_for_function(
+                f"() => {{ const p = ({PANEL_TRACES})(); const k = Object.keys(p).sort();"
+                f" return JSON.stringify(k) === {json.dumps(want)} && Object.values(p).every(n => n > 0); }}",
+                timeout=timeout)
+        except PlaywrightTimeout:
+            pass  # the assert below says what is missing
         panels = self.panels()
         assert set(panels) == set(PANELS) and all(panels.values()), panels
         assert not self.errors, self.errors
@@ -229,7 +238,6 @@ def test_dashboard_after_a_recorded_run_draws_every_panel_and_steps_after_a_reru
             page.locator("button.jupyter-button", has_text="Step").wait_for(timeout=120_000)
             page.wait_for_function(f"({GRAPH_Z})('minillm-timeline') !== null", timeout=60_000)
             page.wait_for_function(KERNEL_IDLE, timeout=120_000)
-            page.wait_for_timeout(1000)  # let every view finish drawing
             nb.assert_all_panels_drawn()
             n = nb.steps_drawn()
             assert n > 2  # the earlier run's steps and the dashboard's own
@@ -237,7 +245,6 @@ def test_dashboard_after_a_recorded_run_draws_every_panel_and_steps_after_a_reru
             nb.rerun_cell(2)  # a new Dashboard on the same engine; it takes one step
             nb.wait_steps(n + 1)
             page.wait_for_function(KERNEL_IDLE, timeout=120_000)
-            page.wait_for_timeout(1000)
             nb.assert_all_panels_drawn()
             step = page.locator("button.jupyter-button", has_text="Step")
             assert step.count() == 1  # the old output was replaced
