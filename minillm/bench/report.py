@@ -93,7 +93,8 @@ def format_throughput(summary: dict[str, Any]) -> str:
 
 
 def format_roofs(roofs: Any) -> str:
-    lines = [f"machine roofs ({roofs.machine.get('device_name')}, {roofs.machine.get('torch_threads')} threads)",
+    threads = roofs.machine.get("torch_threads")
+    lines = [f"machine roofs ({roofs.machine.get('device_name')}, {threads} thread{'' if threads == 1 else 's'})",
              f"  bandwidth roof {roofs.bandwidth_bytes_per_s / 1e9:.1f} GB/s (best repeat; read-only "
              f"{roofs.read_bandwidth.best / 1e9:.1f}, copy read+write {roofs.copy_bandwidth.best / 1e9:.1f} GB/s)"]
     for name, m in roofs.matmul.items():
