@@ -75,8 +75,9 @@ def _build(label: str, flags: tuple[str, ...]):
 
     try:
         # ops register themselves in torch.ops.minillm_gguf when the library loads
-        cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(flags), build_directory=str(build_dir),
-                           is_python_module=False, verbose=False)
+        cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(flags),
+                           extra_ldflags=["-fopenmp"], build_directory=str(build_dir), is_python_module=False,
+                           verbose=False)
     except Exception as e:  # a missing compiler or ninja, a build error: report, never crash the engine
         raise GGUFKernelUnavailable(f"building {SOURCE.name} failed ({type(e).__name__}: {str(e)[-400:]})") from e
     return torch.ops.minillm_gguf
@@ -89,6 +90,7 @@ def load(capability: str | None = None):
     capability after the first loaded is refused (run it in a subprocess).
     """
     label, flags = isa_flags(capability)
+    flags = [*flags, "-fopenmp"]  # at::parallel_for is inline OpenMP: without it every op runs on one thread
     others = _LOADED - {label}
     if others:
         raise GGUFKernelUnavailable(f"this process already loaded the {others.pop()} build; start a new one for {label}")
@@ -100,6 +102,11 @@ def load(capability: str | None = None):
 
 
 _LOADED: set[str] = set()
+
+
+def loaded_isa() -> str | None:
+    """The instruction set of the build this process loaded, or None (nothing loaded yet: never builds)."""
+    return torch.ops.minillm_gguf.isa() if _LOADED else None
 
 
 def available() -> tuple[bool, str]:
@@ -129,10 +136,10 @@ def _register_fakes() -> None:
         def _(x, block):
             m, k = x.shape
             return (x.new_empty((m, k), dtype=torch.int8), x.new_empty((m, k // block), dtype=torch.float32),
-                    x.new_empty((m, k // 16), dtype=torch.int16))
+                    x.new_empty((m, k // 16), dtype=torch.int16), x.new_empty((m, k // 32), dtype=torch.float32))
 
         @lib.register_fake("minillm_gguf::qmatmul")
-        def _(q, xd, bs, w, qtype, n, portable=False):
+        def _(q, xd, bs, xs, w, qtype, n, portable=False):
             return xd.new_empty((q.shape[0], n))
 
         @lib.register_fake("minillm_gguf::dequantize")

@@ -56,8 +56,8 @@ def _ref(type_name: str, blocks: np.ndarray, k: int) -> torch.Tensor:
 
 def _matmul(x: torch.Tensor, blocks: np.ndarray, type_name: str, portable: bool = False) -> torch.Tensor:
     ops, tid = gguf_cpu.load(), gguf_cpu.TYPE_IDS[type_name]
-    q, xd, bs = ops.quantize_act(x, gguf_cpu.activation_block(tid))
-    return ops.qmatmul(q, xd, bs, torch.from_numpy(blocks).reshape(-1), tid, blocks.shape[0], portable)
+    act = ops.quantize_act(x, gguf_cpu.activation_block(tid))
+    return ops.qmatmul(*act, torch.from_numpy(blocks).reshape(-1), tid, blocks.shape[0], portable)
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -96,12 +96,12 @@ def test_a_batch_equals_each_row_alone(type_name):
 def test_bad_shapes_are_clear_errors():
     ops = gguf_cpu.load()
     blocks = torch.from_numpy(random_blocks("Q4_K", 4, 256)).reshape(-1)
-    q, xd, bs = ops.quantize_act(torch.randn(1, 256), 256)
+    act = ops.quantize_act(torch.randn(1, 256), 256)
     with pytest.raises(RuntimeError, match="expected"):
-        ops.qmatmul(q, xd, bs, blocks[:-1].contiguous(), gguf_cpu.TYPE_IDS["Q4_K"], 4)
-    q32, xd32, bs32 = ops.quantize_act(torch.randn(1, 256), 32)
+        ops.qmatmul(*act, blocks[:-1].contiguous(), gguf_cpu.TYPE_IDS["Q4_K"], 4)
+    act32 = ops.quantize_act(torch.randn(1, 256), 32)
     with pytest.raises(RuntimeError, match="blocks of 256"):
-        ops.qmatmul(q32, xd32, bs32, blocks, gguf_cpu.TYPE_IDS["Q4_K"], 4)
+        ops.qmatmul(*act32, blocks, gguf_cpu.TYPE_IDS["Q4_K"], 4)
     with pytest.raises(RuntimeError, match="unsupported GGUF type"):
         ops.dequantize(blocks, 13, 4, 256)  # Q5_K: no kernel
 

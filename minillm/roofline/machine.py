@@ -65,6 +65,9 @@ class MachineInfo:
     device: str  # "cpu" or "cuda:0"
     device_name: str  # the GPU's name, or the CPU model
     versions: dict[str, str | None] = field(default_factory=dict)
+    # which CPU kernels run: torch's (ATEN_CPU_CAPABILITY picks AVX2 on an AVX-512 machine) and the
+    # GGUF block kernels' build (kernels/gguf_cpu.py; None until a model with quantization="gguf" loads)
+    kernels: dict[str, str | None] = field(default_factory=dict)
 
     def cache_key(self) -> str:
         """Roofs change with the hardware, the thread count and torch's kernels, not with our code."""
@@ -104,4 +107,12 @@ def machine_info(device: str | torch.device = "cpu") -> MachineInfo:
         device=dev_str,
         device_name=dev_name,
         versions=versions,
+        kernels=cpu_kernels(),
     )
+
+
+def cpu_kernels() -> dict[str, str | None]:
+    """The CPU code paths this process uses, as detected at start-up."""
+    from minillm.kernels import gguf_cpu
+
+    return {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "gguf_blocks": gguf_cpu.loaded_isa()}
