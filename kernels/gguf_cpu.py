@@ -23,6 +23,7 @@ import functools
 import hashlib
 import os
 import platform
+import shutil
 from pathlib import Path
 
 import torch
@@ -80,6 +81,9 @@ def _build(label: str, flags: tuple[str, ...]):
                            verbose=False)
     except Exception as e:  # a missing compiler or ninja, a build error: report, never crash the engine
         raise GGUFKernelUnavailable(f"building {SOURCE.name} failed ({type(e).__name__}: {str(e)[-400:]})") from e
+    for old in build_dir.parent.glob(f"minillm_gguf_{label}_*"):  # builds of older sources: never loaded again
+        if old != build_dir:
+            shutil.rmtree(old, ignore_errors=True)
     return torch.ops.minillm_gguf
 
 
@@ -141,6 +145,12 @@ def _register_fakes() -> None:
         @lib.register_fake("minillm_gguf::qmatmul")
         def _(q, xd, bs, xs, w, qtype, n, portable=False):
             return xd.new_empty((q.shape[0], n))
+
+        @lib.register_fake("minillm_gguf::linear")
+        def _(x, blocks, qtypes, bias=None):
+            k = x.shape[1]
+            n = sum(b.numel() // row_bytes(t, k) for b, t in zip(blocks, qtypes))
+            return x.new_empty((x.shape[0], n), dtype=torch.float32)
 
         @lib.register_fake("minillm_gguf::dequantize")
         def _(w, qtype, n, k):

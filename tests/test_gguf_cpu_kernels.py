@@ -137,3 +137,17 @@ def test_avx2_and_portable_builds_agree_with_this_build(capability, isa):
     for t in TYPES:
         mine = _matmul(x, random_blocks(t, 24, 512, seed=6), t)
         torch.testing.assert_close(torch.tensor(child[t]), mine, rtol=1e-5, atol=1e-5 * mine.abs().max().item())
+
+
+@pytest.mark.parametrize("types", [["Q4_K", "Q4_K", "Q6_K"], ["Q5_0", "Q8_0"], ["Q6_K", "Q4_1"]])
+def test_the_layer_op_stacks_mixed_parts_and_adds_the_bias(types):
+    """linear(): Qwen2.5's fused qkv mixes Q4_K and Q6_K (one activation per block size, one parallel region)."""
+    ops, k = gguf_cpu.load(), 512
+    parts = [random_blocks(t, rows, k, seed=10 + i) for i, (t, rows) in enumerate(zip(types, (40, 8, 24)))]
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(7))
+    bias = torch.randn(sum(p.shape[0] for p in parts))
+    got = ops.linear(x, [torch.from_numpy(p).reshape(-1) for p in parts], [gguf_cpu.TYPE_IDS[t] for t in types], bias)
+    want = torch.cat([_matmul(x, p, t) for p, t in zip(parts, types)], dim=1) + bias
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6 * want.abs().max().item())
+    with pytest.raises(RuntimeError, match="whole rows"):
+        ops.linear(x, [torch.from_numpy(parts[0]).reshape(-1)[:-2].contiguous()], [gguf_cpu.TYPE_IDS[types[0]]], None)

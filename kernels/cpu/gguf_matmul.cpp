@@ -43,7 +43,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
@@ -483,6 +486,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_act(const at
   return {q, xd, bs, xs};
 }
 
+// One weight row against the quantized activation rows, TILE at a time while the row is in L1.
+struct QuantizedActs {
+  const int8_t* q;
+  const float *d, *xs;
+  const int16_t* bs;
+  int64_t m, k, nblk;
+  Act row(int64_t r) const { return {q + r * k, d + r * nblk, bs + r * (k / 16), xs + r * (k / 32)}; }
+};
+
+inline void row_times_acts(int64_t t, const uint8_t* row, const QuantizedActs& x, float* out, int64_t ldo,
+                           bool portable) {
+  Act a[TILE];
+  float res[TILE];
+  for (int64_t r0 = 0; r0 < x.m; r0 += TILE) {
+    const int rows = static_cast<int>(std::min<int64_t>(TILE, x.m - r0));
+    for (int r = 0; r < rows; ++r) a[r] = x.row(r0 + r);
+    dot_rows(t, row, a, rows, x.k, res, portable);
+    for (int r = 0; r < rows; ++r) out[(r0 + r) * ldo] = res[r];
+  }
+}
+
+QuantizedActs view(const at::Tensor& q, const at::Tensor& xd, const at::Tensor& bs, const at::Tensor& xs) {
+  return {q.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(), bs.data_ptr<int16_t>(),
+          q.size(0), q.size(1), xd.size(1)};
+}
+
 at::Tensor qmatmul(const at::Tensor& q, const at::Tensor& xd, const at::Tensor& bs, const at::Tensor& xs,
                    const at::Tensor& w, int64_t t, int64_t n, bool portable) {
   const int64_t m = q.size(0), k = q.size(1);
@@ -490,28 +519,54 @@ at::Tensor qmatmul(const at::Tensor& q, const at::Tensor& xd, const at::Tensor& 
   TORCH_CHECK(xd.size(1) * block_weights(t) == k, "minillm_gguf: type id ", t, " needs activations quantized in blocks of ",
               block_weights(t));
   at::Tensor out = at::empty({m, n}, xd.options());
+  const QuantizedActs x = view(q, xd, bs, xs);
   const uint8_t* pw = w.data_ptr<uint8_t>();
-  const int8_t* pq = q.data_ptr<int8_t>();
-  const float* pd = xd.data_ptr<float>();
-  const int16_t* ps = bs.data_ptr<int16_t>();
-  const float* pxs = xs.data_ptr<float>();
   float* po = out.data_ptr<float>();
-  const int64_t row_bytes = (k / block_weights(t)) * block_bytes(t), nblk = xd.size(1);
-  // rows of W split across threads; each row meets the activation rows TILE at a time while it is in L1
+  const int64_t row_bytes = (k / block_weights(t)) * block_bytes(t);
+  at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {  // rows of W split across threads
+    for (int64_t j = n0; j < n1; ++j) row_times_acts(t, pw + j * row_bytes, x, po + j, n, portable);
+  });
+  return out;
+}
+
+// The whole layer in one call (what GGUFLinear runs): x [M, K] float -> x @ W.T + bias, W the
+// parts stacked along the output rows, each part's type its own; the activation is quantized once
+// per block size, and one parallel region covers the rows of every part.
+at::Tensor linear(const at::Tensor& x_in, at::TensorList blocks, at::IntArrayRef types,
+                  const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(blocks.size() == types.size() && !blocks.empty(), "minillm_gguf: one type per block tensor");
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const int64_t m = x.size(0), k = x.size(1);
+  std::vector<int64_t> first_row{0}, row_bytes;
+  for (size_t p = 0; p < blocks.size(); ++p) {
+    const int64_t rb = (k / block_weights(types[p])) * block_bytes(types[p]);
+    TORCH_CHECK(k % block_weights(types[p]) == 0 && blocks[p].numel() % rb == 0, "minillm_gguf: part ", p,
+                " holds ", blocks[p].numel(), " bytes, not whole rows of ", k, " weights of type id ", types[p]);
+    check_weight(blocks[p], types[p], blocks[p].numel() / rb, k);
+    row_bytes.push_back(rb);
+    first_row.push_back(first_row.back() + blocks[p].numel() / rb);
+  }
+  const int64_t n = first_row.back();
+  at::Tensor acts32[4], acts256[4];
+  QuantizedActs xq32{}, xq256{};
+  for (size_t p = 0; p < blocks.size(); ++p) {
+    at::Tensor* dst = k_quant(types[p]) ? acts256 : acts32;
+    if (!dst[0].defined()) {
+      std::tie(dst[0], dst[1], dst[2], dst[3]) = quantize_act(x, k_quant(types[p]) ? 256 : 32);
+      (k_quant(types[p]) ? xq256 : xq32) = view(dst[0], dst[1], dst[2], dst[3]);
+    }
+  }
+  at::Tensor out = at::empty({m, n}, x.options());
+  float* po = out.data_ptr<float>();
   at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
-    Act a[TILE];
-    float res[TILE];
     for (int64_t j = n0; j < n1; ++j) {
-      const uint8_t* row = pw + j * row_bytes;
-      for (int64_t r0 = 0; r0 < m; r0 += TILE) {
-        const int rows = static_cast<int>(std::min<int64_t>(TILE, m - r0));
-        for (int r = 0; r < rows; ++r)
-          a[r] = {pq + (r0 + r) * k, pd + (r0 + r) * nblk, ps + (r0 + r) * (k / 16), pxs + (r0 + r) * (k / 32)};
-        dot_rows(t, row, a, rows, k, res, portable);
-        for (int r = 0; r < rows; ++r) po[(r0 + r) * n + j] = res[r];
-      }
+      size_t p = 0;
+      while (j >= first_row[p + 1]) ++p;
+      const uint8_t* row = blocks[p].data_ptr<uint8_t>() + (j - first_row[p]) * row_bytes[p];
+      row_times_acts(types[p], row, k_quant(types[p]) ? xq256 : xq32, po + j, n, false);
     }
   });
+  if (bias.has_value() && bias->defined()) out.add_(bias->to(at::kFloat));
   return out;
 }
 
@@ -544,6 +599,7 @@ std::string isa() {
 TORCH_LIBRARY(minillm_gguf, lib) {
   lib.def("quantize_act(Tensor x, int block) -> (Tensor, Tensor, Tensor, Tensor)");
   lib.def("qmatmul(Tensor q, Tensor xd, Tensor bs, Tensor xs, Tensor w, int qtype, int n, bool portable=False) -> Tensor");
+  lib.def("linear(Tensor x, Tensor[] blocks, int[] qtypes, Tensor? bias=None) -> Tensor");
   lib.def("dequantize(Tensor w, int qtype, int n, int k) -> Tensor");
   lib.def("isa() -> str", &isa);  // which SIMD path this build compiled in
 }
@@ -551,5 +607,6 @@ TORCH_LIBRARY(minillm_gguf, lib) {
 TORCH_LIBRARY_IMPL(minillm_gguf, CPU, lib) {
   lib.impl("quantize_act", &quantize_act);
   lib.impl("qmatmul", &qmatmul);
+  lib.impl("linear", &linear);
   lib.impl("dequantize", &dequantize);
 }

@@ -56,22 +56,16 @@ class GGUFLinear(nn.Module):
             self.parts.append(GGUFPart(type_name, raw.numel() // per_row))
             self.register_buffer(f"blocks{i}", raw.reshape(-1).contiguous().to(torch.uint8))
         self.out_features = sum(p.rows for p in self.parts)
+        self.type_ids = [p.type_id for p in self.parts]
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        ops = torch.ops.minillm_gguf
-        acts: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # quantized once per block size
-        outs = []
-        for i, part in enumerate(self.parts):
-            block = gguf_cpu.activation_block(part.type_id)
-            if block not in acts:
-                acts[block] = ops.quantize_act(flat, block)
-            outs.append(ops.qmatmul(*acts[block], getattr(self, f"blocks{i}"), part.type_id, part.rows))
-        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
-        if self.bias is not None:
-            y = y + self.bias
+        # one op for the whole layer: activation quantized once per block size, every part's rows, the bias
+        y = torch.ops.minillm_gguf.linear(x.reshape(-1, self.in_features), self.blocks(), self.type_ids, self.bias)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def blocks(self) -> list[torch.Tensor]:
+        return [getattr(self, f"blocks{i}") for i in range(len(self.parts))]
 
     def dequantized_weight(self) -> torch.Tensor:
         """The float32 [out, in] weight the blocks stand for (tests, and the float reference)."""
