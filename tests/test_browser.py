@@ -64,6 +64,17 @@ SPEC_CELLS = [
     "engine.add_request('b', [3, 4, 5, 6] * 5, greedy(30))",
     "dash = Dashboard(engine, roofs=Roofs(20e9, 1e12, 'assumed'))\ndash.step()\ndash",
 ]
+# As notebook 11 does: a recorded trace, scrubbed without an engine.
+TRACE_CELLS = [
+    SETUP,
+    "engine = make_engine(tiny_model(), num_blocks=24, block_size=4, max_num_seqs=4, max_num_batched_tokens=16)\n"
+    "for i in range(4):\n"
+    "    engine.add_request(f'r{i}', [3 + i] * (6 + i), greedy(6))\n"
+    "while engine.has_unfinished_requests():\n"
+    "    engine.step()",
+    "dash = Dashboard.from_trace(list(engine.trace), roofs=Roofs(20e9, 1e12, 'assumed'))\ndash",
+    "dash.show(0)  # what dragging the slider to step 0 does",
+]
 PANELS = ("minillm-block-table", "minillm-timeline", "minillm-roofline")
 
 
@@ -96,8 +107,10 @@ def wait_for_server(url: str, proc: subprocess.Popen, timeout: float = 90.0) -> 
 
 @pytest.fixture()
 def lab(tmp_path):
+    # one JupyterLab per test: a shared one reopens the previous test's notebook (its workspace) in the page
     write_notebook(tmp_path, "dashboard.ipynb", CELLS)
     write_notebook(tmp_path, "spec_dashboard.ipynb", SPEC_CELLS)
+    write_notebook(tmp_path, "trace_dashboard.ipynb", TRACE_CELLS)
     port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), OMP_NUM_THREADS="1")
@@ -251,6 +264,30 @@ def test_dashboard_after_a_recorded_run_draws_every_panel_and_steps_after_a_reru
             step.click()
             nb.wait_steps(n + 2)
             assert page.locator(".widget-html", has_text=f"step {n + 1} of {n + 1}").count() == 1
+            nb.assert_all_panels_drawn()
+        finally:
+            browser.close()
+
+
+def test_recorded_trace_dashboard_draws_every_panel_and_scrubs(lab):
+    """Notebook 11's case: Dashboard.from_trace, no engine; moving the cursor redraws the block table."""
+    base, token = lab
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            nb = Page(browser, base, token, "trace_dashboard.ipynb")
+            page = nb.page
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell')")  # setup only
+            page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+            nb.rerun_cell(1)
+            nb.rerun_cell(2)  # the dashboard at the last recorded step
+            page.wait_for_function(f"({GRAPH_Z})('minillm-block-table') !== null", timeout=120_000)
+            page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+            nb.assert_all_panels_drawn()
+            last = page.evaluate(GRAPH_Z, "minillm-block-table")
+            nb.rerun_cell(3)  # dash.show(0)
+            page.wait_for_function(f"({GRAPH_Z})('minillm-block-table') !== {json.dumps(last)}", timeout=60_000)
+            assert page.locator(".widget-html", has_text="step 0 of").count() == 1
             nb.assert_all_panels_drawn()
         finally:
             browser.close()
