@@ -30,7 +30,9 @@ import torch
 
 SOURCE = Path(__file__).with_name("cpu") / "gguf_matmul.cpp"
 TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # ggml type ids
-BLOCK = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}  # id -> (weights, bytes)
+BLOCK = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210),  # id -> (weights, bytes)
+         1012: (256, 148)}  # Q4_Kx8: our 8-row interleaved Q4_K (1184 bytes per 8 rows and super-block)
+Q4_KX8 = 1012
 
 
 class GGUFKernelUnavailable(RuntimeError):
@@ -129,6 +131,41 @@ def activation_block(type_id: int) -> int:
 def row_bytes(type_id: int, in_features: int) -> int:
     per, nbytes = BLOCK[type_id]
     return in_features // per * nbytes
+
+
+def repack_q4k_x8(raw: torch.Tensor) -> torch.Tensor:
+    """Q4_K rows uint8 [N, nb * 144] (N % 8 == 0) -> the Q4_KX8 layout of kernels/cpu/gguf_matmul.cpp, flat.
+
+    The same codes and scales, rearranged so one 32-byte load holds 4 code bytes of each of 8 rows
+    (the kernel then takes 8 rows' dot products in the lanes of one register, as llama.cpp's
+    repacked Q4_K does): per group of 8 rows and super-block, d[8], dmin[8] (fp16), sc[8][8],
+    m[8][8] (6-bit values in bytes, sub-block-major), codes [chunk 4][step 8][row 8][4 bytes].
+    """
+    from minillm.quant.gguf import q4k_scale_min
+
+    n = raw.shape[0]
+    if n % 8:
+        raise ValueError(f"Q4_Kx8 needs a multiple of 8 rows, got {n}")
+    blocks = raw.reshape(n // 8, 8, -1, 144).transpose(1, 2)  # [groups, nb, 8 rows, 144]
+    g, nb = blocks.shape[:2]
+    sc, mn = q4k_scale_min(blocks[..., 4:16])  # [g, nb, 8 rows, 8 sub-blocks]
+    codes = blocks[..., 16:].reshape(g, nb, 8, 4, 8, 4).permute(0, 1, 3, 4, 2, 5)  # [g, nb, c, t, row, 4]
+    parts = (blocks[..., 0:2], blocks[..., 2:4], sc.transpose(2, 3), mn.transpose(2, 3), codes)
+    return torch.cat([p.reshape(g, nb, -1) for p in parts], dim=-1).reshape(-1).contiguous()
+
+
+def unpack_q4k_x8(packed: torch.Tensor, rows: int, in_features: int) -> torch.Tensor:
+    """The inverse of repack_q4k_x8: the file's Q4_K rows uint8 [rows, nb * 144]."""
+    g, nb = rows // 8, in_features // 256
+    x = packed.reshape(g, nb, 1184)
+    d, dmin = x[..., 0:16].reshape(g, nb, 8, 2), x[..., 16:32].reshape(g, nb, 8, 2)
+    sc, mn = x[..., 32:96].reshape(g, nb, 8, 8).transpose(2, 3), x[..., 96:160].reshape(g, nb, 8, 8).transpose(2, 3)
+    codes = x[..., 160:].reshape(g, nb, 4, 8, 8, 4).permute(0, 1, 4, 2, 3, 5).reshape(g, nb, 8, 128)
+    scales = torch.cat([(sc[..., :4] & 0x3F) | ((sc[..., 4:] >> 4) << 6),  # llama.cpp's 12-byte packing
+                        (mn[..., :4] & 0x3F) | ((mn[..., 4:] >> 4) << 6),
+                        (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)], dim=-1)
+    blocks = torch.cat([d, dmin, scales, codes], dim=-1)  # [g, nb, 8, 144]
+    return blocks.transpose(1, 2).reshape(rows, nb * 144).contiguous()
 
 
 # torch.compile traces through fake tensors: declare each op's output shapes

@@ -151,3 +151,20 @@ def test_the_layer_op_stacks_mixed_parts_and_adds_the_bias(types):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6 * want.abs().max().item())
     with pytest.raises(RuntimeError, match="whole rows"):
         ops.linear(x, [torch.from_numpy(parts[0]).reshape(-1)[:-2].contiguous()], [gguf_cpu.TYPE_IDS[types[0]]], None)
+
+
+def test_the_interleaved_q4k_layout_round_trips_and_multiplies_like_the_files():
+    """Q4_Kx8 (8 rows interleaved, as llama.cpp repacks Q4_K): same codes, same products."""
+    raw = torch.from_numpy(random_blocks("Q4_K", 48, 768, seed=8))
+    packed = gguf_cpu.repack_q4k_x8(raw)
+    assert packed.numel() == raw.numel() * 1184 // 1152
+    assert torch.equal(gguf_cpu.unpack_q4k_x8(packed, 48, 768), raw)
+    ops = gguf_cpu.load()
+    if ops.isa() == "portable":
+        pytest.skip("the interleaved kernel is AVX2 code")
+    x = torch.randn(6, 768, generator=torch.Generator().manual_seed(9))
+    want = ops.linear(x, [raw.reshape(-1).contiguous()], [gguf_cpu.TYPE_IDS["Q4_K"]], None)
+    got = ops.linear(x, [packed], [gguf_cpu.Q4_KX8], None)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gguf_cpu.repack_q4k_x8(raw[:12])

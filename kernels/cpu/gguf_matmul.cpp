@@ -55,6 +55,10 @@
 namespace {
 
 constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14;
+// Q4_K with 8 rows interleaved (our layout, not a file's; kernels/gguf_cpu.py repack_q4k_x8): per 8 rows
+// and super-block, 1184 bytes = fp16 d[8], dmin[8]; uint8 sc[8 sub-blocks][8 rows], m[8][8]; then the
+// codes as [chunk 4][step 8][row 8][4 bytes], so one 32-byte load holds 4 bytes of each of 8 rows
+constexpr int64_t Q4_KX8 = 1012;
 
 inline float fp16(const uint8_t* p) {
   uint16_t bits;
@@ -66,7 +70,7 @@ inline float fp16(const uint8_t* p) {
 #endif
 }
 
-inline bool k_quant(int64_t t) { return t == Q4_K || t == Q6_K; }
+inline bool k_quant(int64_t t) { return t == Q4_K || t == Q6_K || t == Q4_KX8; }
 int64_t block_weights(int64_t t) { return k_quant(t) ? 256 : 32; }
 
 int64_t block_bytes(int64_t t) {
@@ -77,6 +81,7 @@ int64_t block_bytes(int64_t t) {
     case Q8_0: return 34;
     case Q4_K: return 144;
     case Q6_K: return 210;
+    case Q4_KX8: return 148;  // 1184 / 8: per row and super-block
   }
   TORCH_CHECK(false, "minillm_gguf: unsupported GGUF type id ", t);
 }
@@ -430,6 +435,59 @@ void dot_q6k(const uint8_t* w, const Act* a, int64_t k, float* out) {
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
+// 8 rows of Q4_KX8 against one activation row: out[0..7]. One 32-byte load carries 4 bytes of each
+// row; the activation's matching 4 bytes are broadcast, so each product lane is one row's dot product
+// and the sub-block scales, mins and d of the 8 rows are applied with one vector op each.
+inline __m256i dot_acc(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, dot_u8s8(u, s));
+#endif
+}
+
+inline int32_t load4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+void dot_q4k_x8(const uint8_t* w, const Act& a, int64_t k, float* out) {
+  const int64_t nb = k / 256;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += 1184) {
+    const int8_t* x = a.q + b * 256;
+    __m256i sumi = _mm256_setzero_si256();
+    const uint8_t* qs = w + 160;
+    for (int c = 0; c < 4; ++c) {
+      __m256i lo_acc = _mm256_setzero_si256(), hi_acc = _mm256_setzero_si256();
+      for (int t = 0; t < 8; ++t) {
+        const __m256i q = load32(qs + (8 * c + t) * 32);
+        lo_acc = dot_acc(lo_acc, _mm256_and_si256(q, low4), _mm256_set1_epi32(load4(x + 64 * c + 4 * t)));
+        hi_acc = dot_acc(hi_acc, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
+                         _mm256_set1_epi32(load4(x + 64 * c + 32 + 4 * t)));
+      }
+      const __m256i sc_lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 32 + 16 * c)));
+      const __m256i sc_hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 40 + 16 * c)));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_mullo_epi32(lo_acc, sc_lo), _mm256_mullo_epi32(hi_acc, sc_hi)));
+    }
+    __m256i mins = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const __m256i mj = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 96 + 8 * j)));
+      mins = _mm256_add_epi32(mins, _mm256_mullo_epi32(mj, _mm256_set1_epi32(sum32(a, b * 8 + j))));
+    }
+    const __m256 xd = _mm256_set1_ps(a.d[b]);
+    const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))), xd);
+    const __m256 dmin = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16))), xd);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+    acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), dmin, acc);
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
 template <int R>
 void dot_rows_simd(int64_t t, const uint8_t* w, const Act* a, int64_t k, float* out) {
   if (t == Q4_K) dot_q4k<R>(w, a, k, out);
@@ -514,6 +572,7 @@ QuantizedActs view(const at::Tensor& q, const at::Tensor& xd, const at::Tensor& 
 
 at::Tensor qmatmul(const at::Tensor& q, const at::Tensor& xd, const at::Tensor& bs, const at::Tensor& xs,
                    const at::Tensor& w, int64_t t, int64_t n, bool portable) {
+  TORCH_CHECK(t != Q4_KX8, "minillm_gguf: the interleaved Q4_K layout runs through linear() only");
   const int64_t m = q.size(0), k = q.size(1);
   check_weight(w, t, n, k);
   TORCH_CHECK(xd.size(1) * block_weights(t) == k, "minillm_gguf: type id ", t, " needs activations quantized in blocks of ",
@@ -543,6 +602,10 @@ at::Tensor linear(const at::Tensor& x_in, at::TensorList blocks, at::IntArrayRef
     TORCH_CHECK(k % block_weights(types[p]) == 0 && blocks[p].numel() % rb == 0, "minillm_gguf: part ", p,
                 " holds ", blocks[p].numel(), " bytes, not whole rows of ", k, " weights of type id ", types[p]);
     check_weight(blocks[p], types[p], blocks[p].numel() / rb, k);
+#if !defined(__AVX2__)
+    TORCH_CHECK(types[p] != Q4_KX8, "minillm_gguf: the interleaved Q4_K layout needs the AVX2 build");
+#endif
+    TORCH_CHECK(types[p] != Q4_KX8 || (blocks[p].numel() / rb) % 8 == 0, "minillm_gguf: Q4_KX8 needs rows % 8 == 0");
     row_bytes.push_back(rb);
     first_row.push_back(first_row.back() + blocks[p].numel() / rb);
   }
@@ -563,6 +626,17 @@ at::Tensor linear(const at::Tensor& x_in, at::TensorList blocks, at::IntArrayRef
       size_t p = 0;
       while (j >= first_row[p + 1]) ++p;
       const uint8_t* row = blocks[p].data_ptr<uint8_t>() + (j - first_row[p]) * row_bytes[p];
+      if (types[p] == Q4_KX8) {  // 8 rows at once, by whichever chunk holds the group's first row
+#if defined(__AVX2__)
+        if ((j - first_row[p]) % 8 != 0) continue;
+        float res[8];
+        for (int64_t r = 0; r < m; ++r) {
+          dot_q4k_x8(row, xq256.row(r), k, res);
+          for (int i = 0; i < 8; ++i) po[r * n + j + i] = res[i];
+        }
+        continue;
+#endif
+      }
       row_times_acts(types[p], row, k_quant(types[p]) ? xq256 : xq32, po + j, n, false);
     }
   });
@@ -571,6 +645,7 @@ at::Tensor linear(const at::Tensor& x_in, at::TensorList blocks, at::IntArrayRef
 }
 
 at::Tensor dequantize(const at::Tensor& w, int64_t t, int64_t n, int64_t k) {
+  TORCH_CHECK(t != Q4_KX8, "minillm_gguf: dequantize the file's Q4_K layout (gguf_cpu.unpack_q4k_x8 first)");
   check_weight(w, t, n, k);
   at::Tensor out = at::empty({n, k}, at::TensorOptions().dtype(at::kFloat));
   const uint8_t* pw = w.data_ptr<uint8_t>();
