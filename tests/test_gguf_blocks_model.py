@@ -134,3 +134,16 @@ def test_a_k_quant_file_mixes_types_inside_one_layer_exactly():
     wins = windows(corpus_tokens(ref.tokenizer, "eval", 2 * 128), 128, 2)
     agree = (score_windows(ref.model, wins).top1 == score_windows(loaded.model, wins).top1).double().mean().item()
     assert agree >= MIN_TOP1, agree
+
+
+@pytest.mark.slow  # one torch.compile of the decode step (~1-3 min on 2 cores)
+def test_compiled_decode_runs_the_block_op_and_gives_the_eager_tokens():
+    """The op's fake kernels (kernels/gguf_cpu.py) let inductor trace through it; tokens must not change."""
+    from minillm import LLM, SamplingParams
+
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with LLM(quantization="gguf", num_kv_blocks=16) as eager:
+        want = eager.generate(["def fibonacci(n):"], sp, use_tqdm=False)[0].outputs[0].token_ids
+    with LLM(quantization="gguf", compile=True, num_kv_blocks=16) as compiled:
+        got = compiled.generate(["def fibonacci(n):"], sp, use_tqdm=False)[0].outputs[0].token_ids
+    assert got == want
