@@ -3,7 +3,7 @@
 The kernels multiply a GGUF tensor's own bytes (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K,
 Q6_K) by an activation quantized to int8 blocks of 32, as llama.cpp does; see
 the .cpp header for the formats. They are compiled on first use with the
-machine's compiler (torch.utils.cpp_extension, about 30-60 s once; cached under
+machine's compiler (torch.utils.cpp_extension, about 16-20 s here, once; cached under
 the minillm cache folder, keyed by the source, the flags and the CPU's flags so
 a build never runs on a CPU it was not built for).
 
@@ -156,15 +156,14 @@ def repack_q4k_x8(raw: torch.Tensor) -> torch.Tensor:
 
 def unpack_q4k_x8(packed: torch.Tensor, rows: int, in_features: int) -> torch.Tensor:
     """The inverse of repack_q4k_x8: the file's Q4_K rows uint8 [rows, nb * 144]."""
+    from minillm.quant.gguf import q4k_pack_scale_min
+
     g, nb = rows // 8, in_features // 256
     x = packed.reshape(g, nb, 1184)
     d, dmin = x[..., 0:16].reshape(g, nb, 8, 2), x[..., 16:32].reshape(g, nb, 8, 2)
     sc, mn = x[..., 32:96].reshape(g, nb, 8, 8).transpose(2, 3), x[..., 96:160].reshape(g, nb, 8, 8).transpose(2, 3)
     codes = x[..., 160:].reshape(g, nb, 4, 8, 8, 4).permute(0, 1, 4, 2, 3, 5).reshape(g, nb, 8, 128)
-    scales = torch.cat([(sc[..., :4] & 0x3F) | ((sc[..., 4:] >> 4) << 6),  # llama.cpp's 12-byte packing
-                        (mn[..., :4] & 0x3F) | ((mn[..., 4:] >> 4) << 6),
-                        (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)], dim=-1)
-    blocks = torch.cat([d, dmin, scales, codes], dim=-1)  # [g, nb, 8, 144]
+    blocks = torch.cat([d, dmin, q4k_pack_scale_min(sc, mn), codes], dim=-1)  # [g, nb, 8, 144]
     return blocks.transpose(1, 2).reshape(rows, nb * 144).contiguous()
 
 

@@ -179,22 +179,6 @@ inline void q4k_unpack_scales(const uint8_t* s, int* sc, int* m) {
   for (int j = 0; j < 8; ++j) q4k_scale_min(s, j, sc[j], m[j]);
 }
 
-// The same 16 values four bytes at a time: sc[0..3] and m[0..3] are the low 6 bits of
-// words a and b; sc[4..7] and m[4..7] the nibbles of word c plus the top 2 bits of a and b.
-inline void q4k_unpack_scales_u8(const uint8_t* s, uint8_t* sc, uint8_t* m) {
-  uint32_t a, b, c;
-  std::memcpy(&a, s, 4);
-  std::memcpy(&b, s + 4, 4);
-  std::memcpy(&c, s + 8, 4);
-  const uint32_t sc03 = a & 0x3F3F3F3F, m03 = b & 0x3F3F3F3F;
-  const uint32_t sc47 = (c & 0x0F0F0F0F) | ((a >> 2) & 0x30303030);
-  const uint32_t m47 = ((c >> 4) & 0x0F0F0F0F) | ((b >> 2) & 0x30303030);
-  std::memcpy(sc, &sc03, 4);
-  std::memcpy(sc + 4, &sc47, 4);
-  std::memcpy(m, &m03, 4);
-  std::memcpy(m + 4, &m47, 4);
-}
-
 // ----- one row dot product, portable C++ (the reference the SIMD versions must match) -----
 // Not auto-vectorized under GCC: GCC 12.2 with -march=native on an AVX-512 VNNI CPU turned
 // Q8_0's signed-by-signed byte sum into vpdpbusd (unsigned by signed) and returned wrong
@@ -357,8 +341,9 @@ void dot_q4k(const uint8_t* w, const Act* a, int64_t k, float* out) {
   const __m128i mask_low = _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F);
   const __m128i mask_top = _mm_setr_epi32(0, 0x30303030, 0, 0x30303030);  // the top 2 bits of a (sc) and b (m)
   for (int64_t b = 0; b < nb; ++b, w += 144) {
-    // the 12 scale bytes -> sc[0..7], m[0..7] four at a time (see q4k_unpack_scales_u8), into one register
-    // in vector registers: the block's first 16 bytes are 32-bit words [d|dmin, a, b, c]
+    // the 12 scale bytes -> sc[0..7], m[0..7] four at a time, in one register: the block's first 16
+    // bytes are 32-bit words [d|dmin, a, b, c]; sc[0..3] and m[0..3] are the low 6 bits of a and b,
+    // sc[4..7] and m[4..7] the nibbles of c plus the top 2 bits of a and b
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
     const __m128i low = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(3, 2, 3, 1)), shift_c),
                                       mask_low);                                        // [a, c, b, c >> 4] & masks

@@ -101,6 +101,13 @@ def q4k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
+def q4k_pack_scale_min(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
+    """The inverse of q4k_scale_min: 6-bit sc [..., 8] and m [..., 8] -> llama.cpp's 12 packed bytes."""
+    return torch.cat([(sc[..., :4] & 0x3F) | ((sc[..., 4:] >> 4) << 6),
+                      (mn[..., :4] & 0x3F) | ((mn[..., 4:] >> 4) << 6),
+                      (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)], dim=-1)
+
+
 def _q4_k(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """[N, nsb, 144] -> codes [N, nsb*8, 32], scale and zero [N, nsb*8] (one per sub-block of 32)."""
     n, nsb, _ = raw.shape
@@ -158,17 +165,13 @@ def keep_gguf_quantized(model: LlamaForCausalLM, path: str | Path, use_cpu_kerne
     the swapped layers are dropped. Returns {layer: what happened} for the report.
     """
     from minillm.loader.gguf import _Reader
+    from minillm.quant.gguf_linear import LAYER_PLAN, rope_heads
 
     reader = _Reader(Path(path))
     tensors = {t.name: t for t in reader.tensors}
     cfg = model.config
-    permuted = cfg.model_type == "llama"
-    plan = {  # our fused layer -> the GGUF tensors stacked along rows, with RoPE-permuted row counts
-        "self_attn.qkv_proj": [("attn_q", cfg.num_attention_heads), ("attn_k", cfg.num_key_value_heads), ("attn_v", None)],
-        "self_attn.o_proj": [("attn_output", None)],
-        "mlp.gate_up_proj": [("ffn_gate", None), ("ffn_up", None)],
-        "mlp.down_proj": [("ffn_down", None)],
-    }
+    heads = rope_heads(cfg)  # the same fused-layer plan as the blocks path, with RoPE-permuted row counts
+    plan = {target: [(p, heads.get(h)) for p, h in parts] for target, parts in LAYER_PLAN.items()}
     report: dict[str, str] = {}
     for i, layer in enumerate(model.layers):
         for target, parts in plan.items():
@@ -180,8 +183,8 @@ def keep_gguf_quantized(model: LlamaForCausalLM, path: str | Path, use_cpu_kerne
             if not all(_maps(t, k) for t in ts):
                 report[name] = "dequantized (" + ",".join(kinds) + ")"
                 continue
-            rows = [_rows(gguf_block_int4(t.data, t.tensor_type, k), heads if permuted else None)
-                    for t, (_, heads) in zip(ts, parts)]
+            rows = [_rows(gguf_block_int4(t.data, t.tensor_type, k), perm_heads)
+                    for t, (_, perm_heads) in zip(ts, parts)]
             q = QuantLinear.from_quantized(_concat(rows, k), bias=lin.bias.detach() if lin.bias is not None else None)
             q = q.to(lin.weight.device)
             if use_cpu_kernels and lin.weight.device.type == "cpu":

@@ -44,10 +44,9 @@ class GGUFLinear(nn.Module):
 
     def __init__(self, in_features: int, parts: list[tuple[str, torch.Tensor]], bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        gguf_cpu.load()  # GGUFKernelUnavailable when this machine cannot build the kernels
+        simd = gguf_cpu.load().isa() != "portable"  # GGUFKernelUnavailable when this machine cannot build them
         self.in_features = in_features
         self.parts: list[GGUFPart] = []
-        simd = gguf_cpu.load().isa() != "portable"
         self.type_ids: list[int] = []  # what the kernel is told: a file type, or our interleaved Q4_Kx8
         for i, (type_name, raw) in enumerate(parts):
             if type_name not in gguf_cpu.TYPE_IDS:
@@ -100,7 +99,12 @@ LAYER_PLAN = {
 }
 
 
-def _rows(t, in_features: int, heads: int | None) -> torch.Tensor:
+def rope_heads(cfg) -> dict[str, int]:
+    """LAYER_PLAN's "q"/"k" -> head counts for undoing llama.cpp's RoPE row permutation (llama arch only)."""
+    return {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads} if cfg.model_type == "llama" else {}
+
+
+def _rows(t, heads: int | None) -> torch.Tensor:
     """A GGUF tensor's bytes as [rows, row bytes], llama.cpp's RoPE row permutation undone when `heads` is given."""
     from minillm.loader.gguf import unpermute_rope_rows
 
@@ -120,7 +124,7 @@ def keep_gguf_blocks(model: nn.Module, path: str | Path) -> dict[str, str]:
 
     tensors = {t.name: t for t in _Reader(Path(path)).tensors}
     cfg = model.config
-    heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads} if cfg.model_type == "llama" else {}
+    heads = rope_heads(cfg)
     report: dict[str, str] = {}
 
     def swap(owner: nn.Module, attr: str, name: str, ts: list, head_of: list) -> None:
@@ -131,7 +135,7 @@ def keep_gguf_blocks(model: nn.Module, path: str | Path) -> dict[str, str]:
         if not ok:
             report[name] = "float (" + "+".join(sorted(set(kinds))) + ")"
             return
-        parts = [(t.tensor_type.name, _rows(t, k, heads.get(h))) for t, h in zip(ts, head_of)]
+        parts = [(t.tensor_type.name, _rows(t, heads.get(h))) for t, h in zip(ts, head_of)]
         if sum(p.shape[0] for _, p in parts) != lin.out_features:
             report[name] = f"float (the file's rows do not match {lin.out_features} outputs)"
             return
