@@ -166,5 +166,10 @@ def test_the_interleaved_q4k_layout_round_trips_and_multiplies_like_the_files():
     want = ops.linear(x, [raw.reshape(-1).contiguous()], [gguf_cpu.TYPE_IDS["Q4_K"]], None)
     got = ops.linear(x, [packed], [gguf_cpu.Q4_KX8], None)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    # up to four activation rows share each unpacked weight load: a batch equals each row alone
+    x9 = torch.randn(9, 768, generator=torch.Generator().manual_seed(10))
+    batch = ops.linear(x9, [packed], [gguf_cpu.Q4_KX8], None)
+    alone = torch.cat([ops.linear(x9[i : i + 1], [packed], [gguf_cpu.Q4_KX8], None) for i in range(9)])
+    torch.testing.assert_close(batch, alone, rtol=0, atol=0)
     with pytest.raises(ValueError, match="multiple of 8"):
         gguf_cpu.repack_q4k_x8(raw[:12])

@@ -84,14 +84,24 @@ def toy():
 SPECS = {
     "ngram": {"method": "ngram", "num_tokens": 3, "ngram_max": 2},
     "draft": {"method": "draft", "model": "self", "num_layers": 1, "num_tokens": 3},
+    # a separate draft model with its own KV pool: another random model of the same vocabulary,
+    # so q differs from p everywhere and the residual max(p - q, 0) matters
+    "draft_model": {"method": "draft", "model": "separate", "num_tokens": 3},
 }
+
+
+def spec_for(name: str) -> dict:
+    spec = dict(SPECS[name])
+    if spec.get("model") == "separate":
+        spec["model"] = tiny_model(seed=11, vocab=VOCAB, layers=1)
+    return spec
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_speculative_sampling_matches_the_target(toy, name):
     model, probs = toy
-    pv = p_value(sample_with_spec(model, SPECS[name]), probs)
+    pv = p_value(sample_with_spec(model, spec_for(name)), probs)
     print(name, "p-value", pv)
     assert pv > 1e-3
 
@@ -111,6 +121,6 @@ def test_a_broken_rule_fails_the_same_test(toy, name, broken, monkeypatch):
     model, probs = toy
     attr, fn = BROKEN[broken]
     monkeypatch.setattr(rejection, attr, fn)
-    pv = p_value(sample_with_spec(model, SPECS[name]), probs)
+    pv = p_value(sample_with_spec(model, spec_for(name)), probs)
     print(name, broken, "p-value", pv)
     assert pv < 1e-6

@@ -439,38 +439,51 @@ inline int32_t load4(const int8_t* p) {
   return v;
 }
 
-void dot_q4k_x8(const uint8_t* w, const Act& a, int64_t k, float* out) {
+// R activation rows at once (out[r * 8 + i]): each 32-byte weight load is unpacked once for all R.
+template <int R>
+void dot_q4k_x8(const uint8_t* w, const Act* a, int64_t k, float* out) {
   const int64_t nb = k / 256;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += 1184) {
-    const int8_t* x = a.q + b * 256;
-    __m256i sumi = _mm256_setzero_si256();
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
     const uint8_t* qs = w + 160;
     for (int c = 0; c < 4; ++c) {
-      __m256i lo_acc = _mm256_setzero_si256(), hi_acc = _mm256_setzero_si256();
+      __m256i lo_acc[R], hi_acc[R];
+      for (int r = 0; r < R; ++r) lo_acc[r] = hi_acc[r] = _mm256_setzero_si256();
       for (int t = 0; t < 8; ++t) {
         const __m256i q = load32(qs + (8 * c + t) * 32);
-        lo_acc = dot_acc(lo_acc, _mm256_and_si256(q, low4), _mm256_set1_epi32(load4(x + 64 * c + 4 * t)));
-        hi_acc = dot_acc(hi_acc, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
-                         _mm256_set1_epi32(load4(x + 64 * c + 32 + 4 * t)));
+        const __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a[r].q + b * 256 + 64 * c + 4 * t;
+          lo_acc[r] = dot_acc(lo_acc[r], lo, _mm256_set1_epi32(load4(x)));
+          hi_acc[r] = dot_acc(hi_acc[r], hi, _mm256_set1_epi32(load4(x + 32)));
+        }
       }
       const __m256i sc_lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 32 + 16 * c)));
       const __m256i sc_hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 40 + 16 * c)));
-      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_mullo_epi32(lo_acc, sc_lo), _mm256_mullo_epi32(hi_acc, sc_hi)));
+      for (int r = 0; r < R; ++r)
+        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_mullo_epi32(lo_acc[r], sc_lo),
+                                                            _mm256_mullo_epi32(hi_acc[r], sc_hi)));
     }
-    __m256i mins = _mm256_setzero_si256();
+    __m256i mins[R];
+    for (int r = 0; r < R; ++r) mins[r] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const __m256i mj = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 96 + 8 * j)));
-      mins = _mm256_add_epi32(mins, _mm256_mullo_epi32(mj, _mm256_set1_epi32(sum32(a, b * 8 + j))));
+      for (int r = 0; r < R; ++r)
+        mins[r] = _mm256_add_epi32(mins[r], _mm256_mullo_epi32(mj, _mm256_set1_epi32(sum32(a[r], b * 8 + j))));
     }
-    const __m256 xd = _mm256_set1_ps(a.d[b]);
-    const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))), xd);
-    const __m256 dmin = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16))), xd);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
-    acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), dmin, acc);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+    for (int r = 0; r < R; ++r) {
+      const __m256 xd = _mm256_set1_ps(a[r].d[b]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(d, xd), acc[r]);
+      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[r]), _mm256_mul_ps(dmin, xd), acc[r]);
+    }
   }
-  _mm256_storeu_ps(out, acc);
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
 
 template <int R>
@@ -550,6 +563,28 @@ inline void row_times_acts(int64_t t, const uint8_t* row, const QuantizedActs& x
   }
 }
 
+#if defined(__AVX2__)
+// 8 interleaved rows against every activation row, X8_TILE activation rows per pass
+constexpr int X8_TILE = 4;
+void q4k_x8_times_acts(const uint8_t* w, const QuantizedActs& x, float* out, int64_t ldo) {
+  Act a[X8_TILE];
+  float res[8 * X8_TILE];
+  for (int64_t r0 = 0; r0 < x.m; r0 += X8_TILE) {
+    const int rows = static_cast<int>(std::min<int64_t>(X8_TILE, x.m - r0));
+    for (int r = 0; r < rows; ++r) a[r] = x.row(r0 + r);
+    switch (rows) {
+      case 1: dot_q4k_x8<1>(w, a, x.k, res); break;
+      case 2: dot_q4k_x8<2>(w, a, x.k, res); break;
+      case 3: dot_q4k_x8<3>(w, a, x.k, res); break;
+      default: dot_q4k_x8<4>(w, a, x.k, res); break;
+    }
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < 8; ++i) out[(r0 + r) * ldo + i] = res[8 * r + i];
+  }
+}
+
+#endif
+
 QuantizedActs view(const at::Tensor& q, const at::Tensor& xd, const at::Tensor& bs, const at::Tensor& xs) {
   return {q.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(), bs.data_ptr<int16_t>(),
           q.size(0), q.size(1), xd.size(1)};
@@ -614,11 +649,7 @@ at::Tensor linear(const at::Tensor& x_in, at::TensorList blocks, at::IntArrayRef
       if (types[p] == Q4_KX8) {  // 8 rows at once, by whichever chunk holds the group's first row
 #if defined(__AVX2__)
         if ((j - first_row[p]) % 8 != 0) continue;
-        float res[8];
-        for (int64_t r = 0; r < m; ++r) {
-          dot_q4k_x8(row, xq256.row(r), k, res);
-          for (int i = 0; i < 8; ++i) po[r * n + j + i] = res[i];
-        }
+        q4k_x8_times_acts(row, xq256, po + j, n);
         continue;
 #endif
       }

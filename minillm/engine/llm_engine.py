@@ -77,7 +77,7 @@ class LLMEngine:
         if config.speculative is not None:
             from minillm.spec_decode.proposer import make_proposer
 
-            self.proposer = make_proposer(config.speculative, self.executor)
+            self.proposer = make_proposer(config.speculative, self.executor, config, tokenizer)
             self.scheduler.num_lookahead_slots = config.speculative.num_tokens
 
     @property
@@ -113,6 +113,8 @@ class LLMEngine:
                 self.scheduler.abort(seq)
                 seq.finish_reason, seq.finish_time = "abort", now
                 self.tracer.finished(seq)
+        if self.proposer is not None:
+            self.proposer.release(req.seqs)
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -129,8 +131,12 @@ class LLMEngine:
         logits = self.executor.execute(packed) if batch.chunks else None
         chosen = choose_tokens(batch, packed, logits, self.eos_token_ids)
         update = self.scheduler.update(batch, chosen, t0, time.perf_counter())
+        draft = None
+        if self.proposer is not None:
+            self.proposer.release(update.finished)  # a separate draft frees their blocks now
+            draft = self.proposer.trace_record()
         self.tracer.record(batch, chosen, update, self.scheduler, self.block_manager, t0, time.perf_counter(),
-                           self.executor.take_comm_stats())
+                           self.executor.take_comm_stats(), draft)
         return self._outputs(update.changed)
 
     def _outputs(self, changed) -> list[RequestOutput]:

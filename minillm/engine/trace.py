@@ -77,6 +77,37 @@ class SpecRecord:
 
 
 @dataclass(frozen=True)
+class DraftRecord:
+    """A separate draft model's own KV pool and work in one step (spec_decode/draft_model.py)."""
+
+    num_blocks: int
+    num_used_blocks: int
+    block_tables: tuple[tuple[int, tuple[int, ...]], ...]  # (seq_id, the draft pool's blocks) after the step
+    cached_tokens: tuple[tuple[int, int], ...]  # (seq_id, tokens whose draft K/V are valid)
+    blocks_allocated: tuple[int, ...]
+    blocks_freed: tuple[int, ...]  # rolled back (rejected guesses), finished or evicted
+    num_forwards: int  # draft forward passes this step (a catch-up, then k - 1 decodes)
+    num_tokens: int  # rows the draft computed
+    num_catch_up_tokens: int  # of which tokens it had not cached (prompts, the target's own tokens)
+    duration_s: float  # wall time of the proposal, inside the step's duration
+    flops: float  # analytic, like the step's own (engine/cost.py), for the draft's model
+    bytes_moved: float
+    evicted_seqs: tuple[int, ...] = ()  # states dropped to make room (they catch up again later)
+    starved_seqs: tuple[int, ...] = ()  # wanted a proposal but the draft pool had no block
+
+    @property
+    def kv_usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks if self.num_blocks else 0.0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DraftRecord":
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k != "kv_usage"}
+        kw["block_tables"] = tuple((sid, tuple(bl)) for sid, bl in d["block_tables"])
+        kw["cached_tokens"] = tuple((sid, n) for sid, n in d["cached_tokens"])
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
 class StepTrace:
     step: int
     start_time: float
@@ -122,6 +153,8 @@ class StepTrace:
     allgather_bytes: float = 0.0
     comm_time_s: float = 0.0
     p2p_bytes: float = 0.0  # pipeline parallelism: hidden states / logits rank 0 sent and received
+    # a separate draft model (speculative method "draft" with its own model): its pool and work
+    draft: DraftRecord | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -166,6 +199,8 @@ class StepTrace:
             v = d[f.name]
             if f.name in nested:
                 kw[f.name] = tuple(nested[f.name](**{k: tuple(x) if isinstance(x, list) else x for k, x in item.items()}) for item in v)
+            elif f.name == "draft":
+                kw[f.name] = None if v is None else DraftRecord.from_dict(v)
             elif f.name == "block_tables":
                 kw[f.name] = tuple((sid, tuple(bl)) for sid, bl in v)
             elif isinstance(v, list):

@@ -40,7 +40,8 @@ class StepTracer:
 
     # ----- one step ------------------------------------------------------------------------
     def record(self, batch: ScheduledBatch, chosen: list[ChosenTokens | None], update: StepUpdate,
-               scheduler: Scheduler, bm: BlockManager, start: float, end: float, comm=None) -> tr.StepTrace:
+               scheduler: Scheduler, bm: BlockManager, start: float, end: float, comm=None,
+               draft: tr.DraftRecord | None = None) -> tr.StepTrace:
         for seq in update.finished:
             self.finished(seq)
         scheduled, spec = [], []
@@ -105,6 +106,7 @@ class StepTracer:
             **({} if comm is None else {
                 "allreduce_bytes": float(comm.allreduce_bytes), "allgather_bytes": float(comm.allgather_bytes),
                 "comm_time_s": comm.time_s, "p2p_bytes": float(comm.p2p_bytes)}),
+            draft=draft,
         )
         self.trace.append(rec)
         self.num_steps += 1

@@ -26,17 +26,35 @@ class Proposer(ABC):
             c.draft_token_ids = prop.token_ids
             c.draft_probs = prop.q()
 
+    def release(self, seqs: list[Sequence]) -> None:
+        """Finished or aborted sequences: drop whatever the proposer keeps for them (a draft's blocks)."""
+
+    def trace_record(self):
+        """The proposer's own state for the step trace (a separate draft's pool), or None."""
+        return None
+
     @abstractmethod
     def propose_tokens(self, wants: list[tuple[Sequence, int]]) -> list[Proposal]:
         """Up to k tokens per (sequence, k); a proposal may be shorter, or empty."""
 
 
-def make_proposer(cfg: SpeculativeConfig, runner) -> Proposer:
-    """runner: the target's ModelRunner (a draft model reads and writes the target's KV pool)."""
+def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=None) -> Proposer:
+    """runner: the target's ModelRunner (a draft built from the target reads and writes its KV pool).
+
+    A separate draft model (cfg.model a name, path or model) is loaded with the target's dtype,
+    device and quantization and gets a pool of its own (spec_decode/draft_model.py).
+    """
     if cfg.method == "ngram":
         from minillm.spec_decode.ngram import NgramProposer
 
         return NgramProposer(cfg.ngram_max, cfg.ngram_min)
+    if not cfg.builds_from_target:
+        from minillm.spec_decode.draft_model import DraftModelProposer
+        from minillm.spec_decode.draft_loading import load_draft
+
+        draft = load_draft(cfg, runner, engine_config, tokenizer)
+        num_blocks = cfg.num_kv_blocks or runner.plan.num_blocks  # room for as many tokens as the target's
+        return DraftModelProposer(draft, engine_config, num_blocks, runner.model.config.vocab_size)
     from minillm.spec_decode.draft import DraftProposer, quantized_copy
 
     target = runner.model

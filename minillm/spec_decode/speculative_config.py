@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import torch
+
 METHODS = ("ngram", "draft")
 DRAFT_MODELS = ("int4", "int8", "self")
 MAX_NUM_TOKENS = 16
@@ -11,22 +13,34 @@ MAX_NUM_TOKENS = 16
 
 @dataclass
 class SpeculativeConfig:
-    """method: "ngram" (prompt lookup) or "draft" (a cheaper model built from the target).
+    """method: "ngram" (prompt lookup) or "draft" (a cheaper model proposes).
 
     num_tokens (k): tokens proposed per step and sequence; the verify step scores k + 1.
     ngram_max / ngram_min: longest / shortest suffix n-gram searched for in the sequence.
-    model (draft): "int4" (default) or "int8": a weight-quantized copy of the target;
-    "self": the target's own first `num_layers` layers (early exit).
-    num_layers (draft): run only the draft's first num_layers layers (required for "self").
-    Every draft has the target's shapes and shares its KV pool (see minillm/spec_decode/draft.py).
+    model (draft), built from the target, sharing its shapes and KV pool (spec_decode/draft.py):
+      "int4" (default) or "int8": a weight-quantized copy of the target;
+      "self": the target's own first `num_layers` layers (early exit).
+    model (draft), a separate smaller model with the target's tokenizer and a KV pool of its own
+      (spec_decode/draft_model.py): a registered name ("qwen2.5-coder-0.5b"), a folder, a .gguf
+      file, a Hub id, or a loaded LlamaForCausalLM.
+    num_layers (draft built from the target): run only its first num_layers layers (required for "self").
+    quantization (separate draft): "auto" (default: the target's quantization), None, or a method.
+    num_kv_blocks (separate draft): its pool's blocks (default: as many as the target's pool).
     """
 
     method: str
     num_tokens: int = 4
     ngram_max: int = 4
     ngram_min: int = 1
-    model: str | None = None
+    model: Any = None
     num_layers: int | None = None
+    quantization: str | None = "auto"
+    num_kv_blocks: int | None = None
+
+    @property
+    def builds_from_target(self) -> bool:
+        """A draft made from the target's own weights (shares its pool), not a separate model."""
+        return self.method == "draft" and isinstance(self.model, str) and self.model in DRAFT_MODELS
 
     def with_num_tokens(self, k: int) -> "SpeculativeConfig":
         """The same config proposing k tokens per step (validated)."""
@@ -52,9 +66,25 @@ class SpeculativeConfig:
         else:
             if self.model is None:
                 self.model = "int4"
-            if self.model not in DRAFT_MODELS:
-                # a separate checkpoint would need its own KV pool and the same tokenizer: not implemented
-                bad(f"draft model must be one of {DRAFT_MODELS} (drafts built from the target), got {self.model!r}")
+            if isinstance(self.model, str):
+                if not self.model.strip():
+                    bad(f"draft model must be one of {DRAFT_MODELS} or a model name / path, got {self.model!r}")
+            elif not isinstance(self.model, torch.nn.Module):
+                bad(f"draft model must be one of {DRAFT_MODELS}, a model name / path or a loaded model, "
+                    f"got {type(self.model).__name__}")
+            if not self.builds_from_target:
+                if self.num_layers is not None:
+                    bad("num_layers applies to drafts built from the target (int4, int8, self), "
+                        "not to a separate draft model")
+                if self.quantization not in ("auto", None):
+                    from minillm.quant.apply import check_llm_options
+
+                    try:
+                        check_llm_options(self.quantization, None)
+                    except ValueError as e:
+                        bad(f"draft quantization: {e}")
+                if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):
+                    bad(f"num_kv_blocks must be an integer >= 1, got {self.num_kv_blocks!r}")
             if self.model == "self" and self.num_layers is None:
                 bad("draft model='self' needs num_layers (how many of the target's first layers to run)")
             if self.num_layers is not None:
