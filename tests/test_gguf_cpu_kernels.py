@@ -173,3 +173,25 @@ def test_the_interleaved_q4k_layout_round_trips_and_multiplies_like_the_files():
     torch.testing.assert_close(batch, alone, rtol=0, atol=0)
     with pytest.raises(ValueError, match="multiple of 8"):
         gguf_cpu.repack_q4k_x8(raw[:12])
+
+
+@pytest.mark.default_model
+def test_the_loader_dequantizes_a_real_file_like_gguf_py():
+    """The loader's fast path (these kernels) gives gguf-py's floats, bit for bit, on every tensor of a real file."""
+    import gguf as gguf_py
+
+    from minillm.loader import resolve_model_path
+    from minillm.loader.gguf import FAST_DEQUANT_TYPES, dequantize_tensor
+
+    reader = gguf_py.GGUFReader(str(resolve_model_path(None)))
+    fast = gguf_cpu.load().dequantize
+    checked = 0
+    for t in reader.tensors:
+        ours = dequantize_tensor(t, fast)
+        theirs = torch.from_numpy(np.asarray(dequantize_tensor(t, None)))
+        if t.tensor_type in FAST_DEQUANT_TYPES and len(t.shape) == 2:
+            assert isinstance(ours, torch.Tensor)
+            checked += 1
+        ours = ours if isinstance(ours, torch.Tensor) else torch.from_numpy(np.asarray(ours))
+        assert torch.equal(ours.reshape(theirs.shape), theirs), t.name
+    assert checked > 100  # the block tensors went through the kernels

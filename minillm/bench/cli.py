@@ -133,9 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
                                       "per proposer and k, on a chat and a repeat-the-input workload; gain vs batch")
     _model_args(spc)
     spc.add_argument("--proposers", default="none,ngram,int4",
-                     help="comma list: none (always first), ngram, int4, int8, self:N (first N layers)")
+                     help="comma list: none (always first), ngram, int4, int8, self:N (first N layers), "
+                          "draft:MODEL (a separate draft model with the target's tokenizer)")
     spc.add_argument("--ks", type=int, nargs="+", default=list(range(1, 9)), help="draft lengths k to sweep")
-    spc.add_argument("--workloads", nargs="+", choices=["chat", "repeat"], default=["chat", "repeat"])
+    spc.add_argument("--workloads", nargs="+", choices=["chat", "repeat", "code"], default=["chat", "repeat", "code"])
+    spc.add_argument("--quantization", default=None, help="the target's (and by default a draft model's) "
+                                                          "weight quantization, e.g. gguf")
+    spc.add_argument("--compile", action="store_true", help="decode steps (the draft's too) through torch.compile")
     spc.add_argument("--num-prompts", type=int, default=4, help="prompts per workload (at most 4)")
     spc.add_argument("--output-len", type=int, default=48)
     spc.add_argument("--repeats", type=int, default=1)
@@ -429,12 +433,19 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     _log(f"loading minillm ({args.dtype}, {device})")
     loaded = load_model(args.model, dtype=resolve_dtype(args.dtype), device=torch.device(device))
-    engines = sb.build_engines(loaded.model, loaded.tokenizer, loaded.eos_token_ids, proposers, 64 << 20)
+    options: dict[str, Any] = {"compile": args.compile}
+    if args.quantization:
+        from minillm.quant.apply import quantize_loaded
+
+        quantize_loaded(loaded, args.quantization)
+        options["quantization"] = args.quantization  # a draft model follows it ("auto")
+    engines = sb.build_engines(loaded.model, loaded.tokenizer, loaded.eos_token_ids, proposers, 64 << 20, **options)
     log = (lambda s: None) if args.quiet else _log
     before = probe_machine_state()
     batch1, scaling, workloads = {}, {}, {}
     for name in args.workloads:
-        wl = sb.SpecWorkload(name, sb.WORKLOADS[name][: args.num_prompts], args.output_len)
+        wl = sb.SpecWorkload(name, sb.WORKLOADS[name][: args.num_prompts], args.output_len,
+                             chat=name not in sb.RAW_WORKLOADS)
         workloads[name] = wl.to_dict()
         prompts = wl.token_ids(loaded.tokenizer)
         batch1[name] = sb.measure_batch1(engines, wl, prompts, args.ks, args.repeats, log)
@@ -445,7 +456,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     settings = {"model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)", "dtype": args.dtype,
                 "device": device, "threads": torch.get_num_threads(), "seed": args.seed, "proposers": proposers,
                 "ks": args.ks, "batch_sizes": args.batch_sizes, "batch_k": args.batch_k, "repeats": args.repeats,
-                "prefix_caching": False}
+                "prefix_caching": False, "quantization": args.quantization, "compile": args.compile}
     report = build_report("spec", **_context(None, device),
                           machine_state={"before": before.to_dict(), "after": after.to_dict()},
                           settings=settings, workload=workloads, **summary)

@@ -196,12 +196,19 @@ FAST_DEQUANT_TYPES = {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGML
                       GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K}
 
 
-def _fast_dequantizer():
-    """torch.ops.minillm_gguf.dequantize when the kernels build here (cached after the first build), else None."""
+# Below this many block bytes gguf-py takes ~1 s and a first kernel build (~20 s, once per machine)
+# is not worth it: the default 135M model loads without compiling anything.
+FAST_DEQUANT_MIN_BYTES = 256 << 20
+
+
+def _fast_dequantizer(block_bytes: int):
+    """torch.ops.minillm_gguf.dequantize when the kernels are loaded, or build here for a big file; else None."""
     if os.environ.get("MINILLM_GGUF_KERNELS") == "int4":  # the portable route end to end
         return None
     from minillm.kernels import gguf_cpu
 
+    if not gguf_cpu.loaded_isa() and block_bytes < FAST_DEQUANT_MIN_BYTES:
+        return None
     ok, _ = gguf_cpu.available()
     return torch.ops.minillm_gguf.dequantize if ok else None
 
@@ -220,7 +227,7 @@ def dequantize_tensor(t, fast=None) -> np.ndarray | torch.Tensor:
 def stream_tensors(reader: gguf.GGUFReader, cfg: ModelConfig, path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """Dequantize one tensor at a time to float32 and yield it under its Hugging Face name."""
     permuted = cfg.model_type == "llama"
-    fast = _fast_dequantizer() if any(t.tensor_type in FAST_DEQUANT_TYPES for t in reader.tensors) else None
+    fast = _fast_dequantizer(sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type in FAST_DEQUANT_TYPES))
     for t in reader.tensors:
         name = hf_name(t.name, cfg.model_type)
         if name is None:
