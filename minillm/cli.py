@@ -180,6 +180,30 @@ def cmd_models(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_medusa(a: argparse.Namespace) -> int:
+    import shlex
+
+    import torch
+
+    from minillm.loader import load_model
+    from minillm.spec_decode.medusa_train import MedusaTrainConfig, train_heads
+
+    cfg = MedusaTrainConfig(num_heads=a.num_heads, num_chat_prompts=a.num_prompts,
+                            num_topic_questions=a.num_topic_questions, max_new_tokens=a.max_new_tokens,
+                            epochs=a.epochs, lr=a.lr, seed=a.seed, max_train_seconds=a.max_train_seconds)
+    loaded = load_model(a.model)
+    heads, report = train_heads(loaded.model, loaded.tokenizer, loaded.eos_token_ids, cfg,
+                                log=lambda s: print(s, file=sys.stderr, flush=True))
+    command = "minillm " + " ".join(shlex.quote(x) for x in sys.argv[1:]) if sys.argv[1:2] == ["train-medusa"] else \
+        f"minillm train-medusa --out {a.out}"
+    heads.save(a.out, base_model=str(a.model or "default (SmolLM2-135M-Instruct)"), command=command,
+               torch_version=torch.__version__)
+    print(f"wrote {a.out}: {heads.num_heads} heads, {report.num_train_positions} positions, {report.steps} steps, "
+          f"train {report.train_s:.0f} s (+ {report.generate_s:.0f} s generating, {report.hidden_s:.0f} s prefill); "
+          f"held-out top-1 per head {', '.join(f'{x:.2f}' for x in report.holdout_top1)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "bench":
@@ -223,6 +247,19 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--json", action="store_true", help="print the list as JSON")
     m.add_argument("--assemble", metavar="NAME", default=None, help="assemble and verify NAME's GGUF now; print its path")
     m.set_defaults(fn=cmd_models)
+    t = sub.add_parser("train-medusa", help="train Medusa-1 heads on a frozen model from its own answers "
+                                            "(pydoc passages and code heads); writes a safetensors file")
+    t.add_argument("--model", default=None, help="the base model (default: SmolLM2-135M-Instruct)")
+    t.add_argument("--out", required=True, help="where to write the heads (.safetensors)")
+    t.add_argument("--num-heads", type=int, default=3)
+    t.add_argument("--num-prompts", type=int, default=96, help="pydoc passages asked about (code heads come on top)")
+    t.add_argument("--num-topic-questions", type=int, default=64, help="short questions about pydoc topic names")
+    t.add_argument("--max-new-tokens", type=int, default=96)
+    t.add_argument("--epochs", type=int, default=2)
+    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--max-train-seconds", type=float, default=None)
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(fn=cmd_train_medusa)
     from minillm.bench.cli import subcommands
 
     sub.add_parser("bench", help=f"benchmarks: minillm bench {{{','.join(subcommands())}}} --help")

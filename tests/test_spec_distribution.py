@@ -87,6 +87,8 @@ SPECS = {
     # a separate draft model with its own KV pool: another random model of the same vocabulary,
     # so q differs from p everywhere and the residual max(p - q, 0) matters
     "draft_model": {"method": "draft", "model": "separate", "num_tokens": 3},
+    # Medusa: deterministic top-1 guesses from heads on the target's hidden state (random heads here)
+    "medusa": {"method": "medusa", "heads": "random", "num_tokens": 2},
 }
 
 
@@ -94,6 +96,15 @@ def spec_for(name: str) -> dict:
     spec = dict(SPECS[name])
     if spec.get("model") == "separate":
         spec["model"] = tiny_model(seed=11, vocab=VOCAB, layers=1)
+    if spec.get("heads") == "random":
+        from minillm.spec_decode.medusa_heads import MedusaHeads
+
+        torch.manual_seed(12)
+        heads = MedusaHeads(tiny_model(seed=3, vocab=VOCAB, layers=2).config.hidden_size, 2)
+        with torch.no_grad():
+            for p in heads.parameters():
+                p.normal_(0, 0.3)
+        spec["heads"] = heads
     return spec
 
 

@@ -97,6 +97,29 @@ def test_greedy_with_a_separate_draft_equals_greedy(reference, draft, pools):
     assert [StepTrace.from_dict(json.loads(json.dumps(s.to_dict()))) for s in e.trace] == e.trace
 
 
+def test_the_block_view_draws_the_draft_pool():
+    from minillm.visualize import block_table_figure, block_table_view, draft_block_table_view
+
+    e = engine({"method": "draft", "model": DRAFTS["perturbed"](), "num_tokens": 3})
+    for i, p in enumerate(random_prompts(3, VOCAB, 5, 9, seed=3)):
+        e.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    for _ in range(4):
+        e.step()
+    view = draft_block_table_view(e.trace)
+    d = e.trace[-1].draft
+    assert view.num_blocks == d.num_blocks and view.num_used == d.num_used_blocks > 0
+    assert {t.seq_id: t.physical for t in view.tables} == dict(d.block_tables)
+    assert all(t.num_cached_tokens > 0 for t in view.tables)
+    fig = block_table_figure(view, title="draft pool")
+    assert fig.layout.title.text == "draft pool"
+    plain = LLMEngine(target(), None, [], EngineConfig(block_size=4, num_kv_blocks=64))
+    plain.add_request("x", [1, 2, 3], SamplingParams(max_tokens=2))
+    plain.step()
+    block_table_view(plain.trace)  # the target's view is unchanged
+    with pytest.raises(ValueError, match="records no draft pool"):
+        draft_block_table_view(plain.trace)
+
+
 def test_the_draft_caches_what_the_target_accepted():
     # with a draft that always agrees, each verify accepts k guesses; the draft keeps the K/V of the
     # k - 1 it fed back and catches up only on the last guess and the target's bonus token

@@ -39,6 +39,7 @@ def reference(default_model):
 SPECS = {
     "ngram": {"method": "ngram", "num_tokens": 4},
     "draft_int4": {"method": "draft", "model": "int4", "num_tokens": 4},
+    "medusa": {"method": "medusa", "num_tokens": 3},  # the heads shipped for the default model
 }
 
 

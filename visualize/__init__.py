@@ -4,6 +4,7 @@ View models are pure functions of a list of StepTrace records and a step index
 (no plotly, no engine), so they are unit-tested on recorded or synthetic traces:
 
     block_table_view(trace, step)   the paged KV pool and each sequence's block table
+    draft_block_table_view(...)     a separate draft model's own pool (speculative decoding)
     timeline_view(trace, step)      sequences x steps, token counts against the budget
     roofline_view(trace, roofs, step)  each step under the machine's measured roofs
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from minillm.visualize.block_view import BlockState, BlockTableView, block_table_view
+from minillm.visualize.block_view import BlockState, BlockTableView, block_table_view, draft_block_table_view
 from minillm.visualize.roofline_view import Roofs, RooflineView, roofline_view
 from minillm.visualize.timeline_view import SeqState, TimelineView, timeline_view
 
@@ -37,7 +38,7 @@ _LAZY = {
 }
 
 __all__ = ["BlockState", "BlockTableView", "Roofs", "RooflineView", "SeqState", "TimelineView",
-           "block_table_view", "roofline_view", "timeline_view", *_LAZY]
+           "block_table_view", "draft_block_table_view", "roofline_view", "timeline_view", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

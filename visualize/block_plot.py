@@ -154,7 +154,9 @@ def block_caption(view: BlockTableView) -> str:
     return "<br>".join(parts)
 
 
-def block_table_figure(trace: Sequence[StepTrace] | BlockTableView, step: int | None = None) -> go.Figure:
+def block_table_figure(trace: Sequence[StepTrace] | BlockTableView, step: int | None = None,
+                       title: str | None = None) -> go.Figure:
+    """The pool, its free queue and the block tables; pass draft_block_table_view(...) for a draft's pool."""
     view = trace if isinstance(trace, BlockTableView) else block_table_view(trace, step)
     pool_rows = -(-view.num_blocks // pool_columns(view.num_blocks))
     heights = [max(pool_rows, 2), 1, max(len(view.tables), 2)]
@@ -177,4 +179,6 @@ def block_table_figure(trace: Sequence[StepTrace] | BlockTableView, step: int | 
         legend=dict(x=1.02, y=1, yanchor="top"), plot_bgcolor="white",
     )
     set_caption(fig, block_caption(view))
+    if title:
+        fig.update_layout(title=title)
     return fig

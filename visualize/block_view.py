@@ -159,3 +159,34 @@ def block_table_view(trace: Sequence[StepTrace], step: int | None = None) -> Blo
         evicted=tuple(rec.blocks_evicted), shared_events=tuple(rec.blocks_shared), preemptions=notes,
         prefix_hit_tokens=rec.prefix_hit_tokens, prefix_queried_tokens=rec.prefix_queried_tokens,
     )
+
+
+def draft_block_table_view(trace: Sequence[StepTrace], step: int | None = None) -> BlockTableView:
+    """A separate draft model's own KV pool at one step (StepTrace.draft), in the same view model.
+
+    The draft pool shares nothing and caches no prefix: a block is used (one owner) or free; its
+    events are the step's allocations and frees (rolled-back guesses, finished or evicted sequences).
+    """
+    i = clamp_step(trace, step)
+    rec = trace[i]
+    d = rec.draft
+    if d is None:
+        raise ValueError(f"step {i} records no draft pool: only a separate draft model "
+                         f"(speculative method 'draft' with a model of its own) has one")
+    infos = seq_infos(trace, i)
+    owners = {bid: ((sid, logical),) for sid, blocks in d.block_tables for logical, bid in enumerate(blocks)}
+    alloc, freed = set(d.blocks_allocated), set(d.blocks_freed)
+    cells = tuple(BlockCell(bid, BlockState.USED if bid in owners else BlockState.FREE, int(bid in owners), False,
+                            owners.get(bid, ()), None, bid in alloc, bid in freed, False, False)
+                  for bid in range(d.num_blocks))
+    cached = dict(d.cached_tokens)
+    tables = []
+    for sid, blocks in d.block_tables:
+        info = infos.get(sid)
+        rid = info.request_id if info else f"seq{sid}"
+        tables.append(SeqBlockTable(sid, rid, info.label if info else rid, tuple(blocks), (False,) * len(blocks),
+                                    cached.get(sid, 0)))
+    return BlockTableView(step=i, num_blocks=d.num_blocks, block_size=rec.block_size, cells=cells,
+                          tables=tuple(tables), free_queue=(), allocated=tuple(d.blocks_allocated),
+                          freed=tuple(d.blocks_freed), evicted=(), shared_events=(), preemptions=(),
+                          prefix_hit_tokens=0, prefix_queried_tokens=0)

@@ -87,7 +87,8 @@ class SpecWorkload:
 @dataclass(frozen=True)
 class Proposer:
     """A name on the command line: none, ngram, int4, int8, self:N (the target's first N layers),
-    draft:MODEL (a separate draft model: a registered name, folder, .gguf file or Hub id)."""
+    draft:MODEL (a separate draft model: a registered name, folder, .gguf file or Hub id),
+    medusa (the default model's shipped heads) or medusa:FILE (heads from `minillm train-medusa`)."""
 
     name: str
 
@@ -101,9 +102,13 @@ class Proposer:
             return {"method": "draft", "model": self.name, "num_tokens": 1}
         if self.name.startswith("self:") and self.name[5:].isdigit():
             return {"method": "draft", "model": "self", "num_layers": int(self.name[5:]), "num_tokens": 1}
+        if self.name == "medusa" or (self.name.startswith("medusa:") and self.name[7:].strip()):
+            heads = None if self.name == "medusa" else self.name[7:].strip()
+            return {"method": "medusa", "heads": heads, "num_tokens": 1}
         if self.name.startswith("draft:") and self.name[6:].strip():
             return {"method": "draft", "model": self.name[6:].strip(), "num_tokens": 1}
-        raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N or draft:MODEL")
+        raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N, draft:MODEL, "
+                         f"medusa or medusa:FILE")
 
     @property
     def is_draft_model(self) -> bool:

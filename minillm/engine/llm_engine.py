@@ -133,6 +133,7 @@ class LLMEngine:
         update = self.scheduler.update(batch, chosen, t0, time.perf_counter())
         draft = None
         if self.proposer is not None:
+            self.proposer.observe(batch, packed, chosen, getattr(self.executor, "last_hidden", None))
             self.proposer.release(update.finished)  # a separate draft frees their blocks now
             draft = self.proposer.trace_record()
         self.tracer.record(batch, chosen, update, self.scheduler, self.block_manager, t0, time.perf_counter(),

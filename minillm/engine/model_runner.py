@@ -17,6 +17,7 @@ from minillm.engine.config import EngineConfig
 from minillm.engine.executor import Executor
 from minillm.engine.kv_cache import KVCachePlan, KVCachePool, plan_kv_cache
 from minillm.models.llama import LlamaForCausalLM
+from minillm.models.skinny_linear import use_skinny_linears
 from minillm.quant.linear import QuantLinear
 
 
@@ -26,14 +27,20 @@ class ModelRunner(Executor):
         self.device = model.embed_tokens.weight.device
         self.plan = plan or plan_kv_cache(model, config, self.device)
         if self.device.type == "cpu" and model.embed_tokens.weight.dtype == torch.float32:
-            # faster fp32 matrix-vector products for decode (see the method); measured here,
-            # bf16 gains nothing at batch 1 and loses ~10% at batch 8, so it keeps nn.Linear's layout
-            model.use_k_major_weights()
+            if config.compile:
+                # the measured layout of the compiled decode step (see the method); bf16 gains
+                # nothing at batch 1 and loses ~10% at batch 8, so it keeps nn.Linear's layout
+                model.use_k_major_weights()
+            else:
+                # eager: few-row products as W @ x.T (models/skinny_linear.py): faster decode, and
+                # verify steps and small batches stop costing a decode step per row
+                use_skinny_linears(model)
         self.backend = make_attention_backend(config.attention_backend)
         self.pool = KVCachePool(model.config, self.plan, self.device)
         self.attach()
         self.compiled_decode = None
         self.compiled_logits = None
+        self.last_hidden: torch.Tensor | None = None  # final hidden states of the last step's logit rows
         if config.compile:
             self.compiled_decode = frozen_compile(model.forward)
             mark_pool_static(self.pool.tensors())
@@ -64,4 +71,5 @@ class ModelRunner(Executor):
         compute_logits = self.model.compute_logits
         if self.compiled_logits is not None and len(batch.logit_rows) == 1:
             compute_logits = self.compiled_logits
-        return compute_logits(hidden[torch.tensor(batch.logit_rows, device=dev)])
+        self.last_hidden = hidden[torch.tensor(batch.logit_rows, device=dev)]  # Medusa's heads read them
+        return compute_logits(self.last_hidden)

@@ -29,6 +29,9 @@ class Proposer(ABC):
     def release(self, seqs: list[Sequence]) -> None:
         """Finished or aborted sequences: drop whatever the proposer keeps for them (a draft's blocks)."""
 
+    def observe(self, batch, step, chosen, hidden) -> None:
+        """After a step: the final hidden states of the logit rows (Medusa's heads read them)."""
+
     def trace_record(self):
         """The proposer's own state for the step trace (a separate draft's pool), or None."""
         return None
@@ -48,6 +51,25 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
         from minillm.spec_decode.ngram import NgramProposer
 
         return NgramProposer(cfg.ngram_max, cfg.ngram_min)
+    if cfg.method == "medusa":
+        from minillm.spec_decode.medusa import MedusaProposer, embedding_fingerprint, shipped_heads_path
+        from minillm.spec_decode.medusa_heads import MedusaHeads
+
+        target = runner.model
+        if cfg.heads is None or isinstance(cfg.heads, str):
+            path = shipped_heads_path() if cfg.heads is None else cfg.heads
+            heads = MedusaHeads.load(path, target.config.hidden_size)
+            trained_on = heads.metadata.get("base_fingerprint")
+            if trained_on is not None and trained_on != embedding_fingerprint(target):
+                raise ValueError(f"Medusa heads {path} were trained on another base model "
+                                 f"({heads.metadata.get('base_model', trained_on)}); train heads for this one "
+                                 f"with `minillm train-medusa`")
+        else:
+            heads = cfg.heads
+        if cfg.num_tokens > heads.num_heads:
+            raise ValueError(f"invalid speculative config: num_tokens ({cfg.num_tokens}) exceeds the "
+                             f"{heads.num_heads} Medusa heads")
+        return MedusaProposer(runner, heads)
     if not cfg.builds_from_target:
         from minillm.spec_decode.draft_model import DraftModelProposer
         from minillm.spec_decode.draft_loading import load_draft

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-METHODS = ("ngram", "draft")
+METHODS = ("ngram", "draft", "medusa")
 DRAFT_MODELS = ("int4", "int8", "self")
 MAX_NUM_TOKENS = 16
 
@@ -26,6 +26,8 @@ class SpeculativeConfig:
     num_layers (draft built from the target): run only its first num_layers layers (required for "self").
     quantization (separate draft): "auto" (default: the target's quantization), None, or a method.
     num_kv_blocks (separate draft): its pool's blocks (default: as many as the target's pool).
+    heads (medusa): a heads file from `minillm train-medusa`, or a MedusaHeads module
+      (default: the heads shipped for the default model); num_tokens <= its number of heads.
     """
 
     method: str
@@ -36,6 +38,7 @@ class SpeculativeConfig:
     num_layers: int | None = None
     quantization: str | None = "auto"
     num_kv_blocks: int | None = None
+    heads: Any = None
 
     @property
     def builds_from_target(self) -> bool:
@@ -63,6 +66,9 @@ class SpeculativeConfig:
                     bad(f"{name} must be an integer >= 1, got {v!r}")
             if self.ngram_min > self.ngram_max:
                 bad(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
+        elif self.method == "medusa":
+            if self.heads is not None and not isinstance(self.heads, (str, torch.nn.Module)):
+                bad(f"heads must be a path to a Medusa heads file or a MedusaHeads module, got {type(self.heads).__name__}")
         else:
             if self.model is None:
                 self.model = "int4"

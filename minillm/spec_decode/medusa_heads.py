@@ -1,0 +1,79 @@
+"""Medusa-1 heads (Cai et al., 2024): K small heads on the target's last hidden state guess tokens t+2 .. t+K+1.
+
+    heads = MedusaHeads(hidden_size, num_heads=3)
+    logits = model.compute_logits(heads(h))       # [K, rows, vocab]: head i guesses the token i + 2 ahead
+
+Each head is one residual block, h + SiLU(W h + b), followed by the *target's own*
+LM head (frozen, shared), so a head adds hidden^2 weights, not hidden x vocab.
+W starts at zero: an untrained head repeats the LM head's guess for t+1, and
+training moves it to t+i+1. The base model stays frozen (Medusa-1).
+
+Stored as safetensors: the weights, and metadata naming the base model (its
+config's shape), the command that trained it and the loss curve.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)  # identity at the start: the head first copies the LM head's guess
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + nn.functional.silu(self.linear(h))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, hidden_size: int, num_heads: int = 3) -> None:
+        super().__init__()
+        if num_heads < 1:
+            raise ValueError(f"Medusa needs at least one head, got {num_heads}")
+        self.hidden_size = hidden_size
+        self.heads = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
+        self.metadata: dict[str, str] = {}
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.heads)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h [rows, hidden] (the target's final-norm hidden states) -> [num_heads, rows, hidden]."""
+        return torch.stack([head(h) for head in self.heads])
+
+    # ----- files ---------------------------------------------------------------------------
+    def save(self, path: str | Path, **metadata) -> None:
+        from safetensors.torch import save_file
+
+        meta = {**self.metadata, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}}
+        meta.update(num_heads=str(self.num_heads), hidden_size=str(self.hidden_size))
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, str(path), metadata=meta)
+
+    @classmethod
+    def load(cls, path: str | Path, hidden_size: int | None = None) -> "MedusaHeads":
+        from safetensors import safe_open
+
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"Medusa heads file not found: {p} (train one with `minillm train-medusa`)")
+        try:
+            with safe_open(str(p), "pt") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as e:
+            raise ValueError(f"{p}: not a readable Medusa heads file ({type(e).__name__}: {e})") from e
+        n, h = int(meta.get("num_heads", 0)), int(meta.get("hidden_size", 0))
+        if hidden_size is not None and h != hidden_size:
+            raise ValueError(f"{p}: heads for hidden size {h}, the target's is {hidden_size} (another base model)")
+        heads = cls(h, n)
+        heads.load_state_dict(tensors)
+        heads.metadata = dict(meta)
+        return heads.eval()

@@ -1,0 +1,251 @@
+"""Train Medusa-1 heads on a frozen base model, from text the model itself generates (self-distillation).
+
+    minillm train-medusa --out heads.safetensors            # the default model, a few minutes on 2 cores
+
+1. Prompts: passages of Python's reference manual (`pydoc_data.topics`, the
+   "calib" half, never what `minillm eval ppl` scores) in chat questions,
+   short questions about its topics' names, and raw code-completion heads (a
+   function signature and docstring; none of the functions the benchmarks score).
+2. The base model answers them greedily through the engine (batched), so the
+   heads learn the distribution they will be asked to guess at temperature 0.
+3. One prefill per sequence gives the final hidden state h_t of every position.
+4. Head i (1..K) at position t learns the token at t + 1 + i with cross-entropy
+   through the frozen LM head; positions inside the prompt are skipped. The
+   base model never changes; only the K residual blocks train (AdamW).
+
+A tenth of the sequences is held out: each head's top-1 accuracy there is the
+acceptance a chain of guesses can expect, and goes into the file's metadata
+with the loss curve and the command.
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from minillm.spec_decode.medusa import embedding_fingerprint
+from minillm.spec_decode.medusa_heads import MedusaHeads
+
+# disjoint from the prompts `minillm bench spec` and notebook 09 measure on (no function trained on is scored)
+CODE_HEADS = (
+    ("linear_search(items, target)", "Return the first index of target in items, or -1."),
+    ("char_histogram(text)", "Return a dict mapping each character of text to its count."),
+    ("is_perfect_square(n)", "Return True if n is the square of an integer."),
+    ("flatten(nested)", "Flatten a list of lists into one list."),
+    ("fibonacci(n)", "Return the n-th Fibonacci number."),
+    ("merge_sorted(a, b)", "Merge two sorted lists into one sorted list."),
+    ("reverse_words(sentence)", "Return the sentence with its words in reverse order."),
+    ("mean_and_std(values)", "Return the mean and the standard deviation of values."),
+    ("read_csv_rows(path)", "Read a CSV file and return its rows as lists of strings."),
+    ("gcd(a, b)", "Return the greatest common divisor of a and b."),
+    ("chunks(items, size)", "Split items into consecutive lists of at most size elements."),
+    ("count_vowels(text)", "Return how many vowels text contains."),
+    ("transpose(matrix)", "Return the transpose of a matrix given as a list of rows."),
+    ("unique_in_order(items)", "Return the items without duplicates, keeping the first occurrence."),
+    ("celsius_to_fahrenheit(c)", "Convert a temperature from Celsius to Fahrenheit."),
+    ("is_palindrome(text)", "Return True if text reads the same backwards, ignoring case and spaces."),
+)
+QUESTIONS = (
+    "Explain this part of the Python reference in plain words:\n\n{}",
+    "Summarize the following passage from the Python manual in a few sentences:\n\n{}",
+    "What does this section of the Python documentation say? Give an example.\n\n{}",
+)
+# short open questions about the manual's topics (their names), for answers in everyday prose
+TOPIC_QUESTIONS = (
+    "What is {} in Python, and when would I use it?",
+    "Explain {} to a beginner in a few sentences.",
+    "Why does Python have {}? Answer briefly.",
+)
+
+
+@dataclass
+class MedusaTrainConfig:
+    num_heads: int = 3
+    num_chat_prompts: int = 96  # pydoc passages asked about
+    num_topic_questions: int = 64  # short questions about pydoc topic names
+    passage_chars: int = 360
+    max_new_tokens: int = 96
+    epochs: int = 2
+    batch_positions: int = 256
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    holdout: float = 0.1
+    seed: int = 0
+    max_train_seconds: float | None = None  # stop the optimisation early (generation is not counted)
+
+
+@dataclass
+class MedusaTrainReport:
+    config: dict
+    num_sequences: int = 0
+    num_generated_tokens: int = 0
+    num_train_positions: int = 0
+    steps: int = 0
+    generate_s: float = 0.0
+    hidden_s: float = 0.0
+    train_s: float = 0.0
+    loss_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss over heads)
+    holdout_top1: list[float] = field(default_factory=list)  # per head
+    holdout_chain_acceptance: list[float] = field(default_factory=list)  # P(heads 1..i all right)
+    holdout_untrained_top1: list[float] = field(default_factory=list)  # zero-init heads: the LM head's t+1 guess
+
+
+def training_prompts(tokenizer, cfg: MedusaTrainConfig) -> list[list[int]]:
+    """Chat questions about pydoc passages (calib split) and raw code-completion heads."""
+    from pydoc_data.topics import topics
+
+    names = sorted(topics)
+    names = names[len(names) // 2:]  # the calib half: never the text perplexity is scored on
+    rng = random.Random(cfg.seed)
+    out = []
+    for i in range(cfg.num_chat_prompts):
+        text = topics[names[i % len(names)]].strip()
+        start = rng.randrange(max(1, len(text) - cfg.passage_chars))
+        passage = text[start : start + cfg.passage_chars]
+        q = QUESTIONS[i % len(QUESTIONS)].format(passage)
+        if getattr(tokenizer, "chat_template", None):
+            q = tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                              add_generation_prompt=True)
+        out.append(tokenizer.encode(q, add_special_tokens=False))
+    for i in range(cfg.num_topic_questions):
+        topic = names[rng.randrange(len(names))].replace("-", " ")
+        q = TOPIC_QUESTIONS[i % len(TOPIC_QUESTIONS)].format(topic)
+        if getattr(tokenizer, "chat_template", None):
+            q = tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                              add_generation_prompt=True)
+        out.append(tokenizer.encode(q, add_special_tokens=False))
+    for sig, doc in CODE_HEADS:
+        out.append(tokenizer.encode(f'def {sig}:\n    """{doc}"""\n', add_special_tokens=False))
+    return out
+
+
+def generate(model, tokenizer, eos_ids, prompts: list[list[int]], max_new_tokens: int) -> list[tuple[list[int], int]]:
+    """(prompt + greedy answer, prompt length) per prompt, through the engine."""
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm_engine import LLMEngine
+    from minillm.sampling_params import SamplingParams
+
+    e = LLMEngine(model, tokenizer, eos_ids, EngineConfig(max_num_seqs=32, max_num_batched_tokens=2048,
+                                                          kv_cache_memory_bytes=256 << 20))
+    for i, p in enumerate(prompts):
+        e.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=max_new_tokens))
+    done = {}
+    while e.has_unfinished_requests():
+        for out in e.step():
+            if out.finished:
+                done[int(out.request_id)] = out.outputs[0].token_ids
+    return [(prompts[i] + done[i], len(prompts[i])) for i in range(len(prompts))]
+
+
+@torch.inference_mode()
+def final_hidden(model, ids: list[int]) -> torch.Tensor:
+    """The base model's final-norm hidden state at every position of one sequence."""
+    from minillm.attention.metadata import AttentionMetadata
+    from minillm.models.standalone import attach_private_cache
+
+    n = len(ids)
+    table = attach_private_cache(model, n, 16, None)
+    dev = model.embed_tokens.weight.device
+    meta = AttentionMetadata.build([n], [n], [table], 16, dev)
+    return model(torch.tensor(ids, device=dev), torch.arange(n, device=dev), meta).float()
+
+
+def head_targets(seqs: list[tuple[list[int], int]], hiddens: list[torch.Tensor], num_heads: int):
+    """(h_t, [token t+2, ..., t+K+1]) for every generated position with all K targets inside the sequence."""
+    hs, ys = [], []
+    for (ids, plen), h in zip(seqs, hiddens):
+        ids_t = torch.tensor(ids)
+        last = len(ids) - 2 - num_heads  # t + 1 + K <= len - 1
+        first = max(plen - 1, 0)  # h_{plen-1} predicts the first generated token: inside the answer from here
+        if last < first:
+            continue
+        t = torch.arange(first, last + 1)
+        hs.append(h[t])
+        ys.append(torch.stack([ids_t[t + 1 + i] for i in range(1, num_heads + 1)], dim=1))
+    if not hs:
+        return torch.empty(0), torch.empty(0, num_heads, dtype=torch.long)
+    return torch.cat(hs), torch.cat(ys)
+
+
+def head_logits(model, heads: MedusaHeads, h: torch.Tensor) -> torch.Tensor:
+    """[K, rows, vocab] through the frozen LM head."""
+    x = heads(h)
+    return model.lm_head(x.to(model.lm_head.weight.dtype)).float() if isinstance(model.lm_head, nn.Linear) \
+        else model.compute_logits(x)
+
+
+def evaluate(model, heads: MedusaHeads, h: torch.Tensor, y: torch.Tensor, batch: int = 512) -> tuple[list[float], list[float]]:
+    """Per head top-1 accuracy, and the chance that heads 1..i are all right (a chain's acceptance)."""
+    right = []
+    with torch.no_grad():
+        for s in range(0, h.shape[0], batch):
+            right.append(head_logits(model, heads, h[s : s + batch]).argmax(-1).t() == y[s : s + batch])
+    if not right:
+        return [], []
+    r = torch.cat(right).float()  # [rows, K]
+    return r.mean(0).tolist(), r.cumprod(1).mean(0).tolist()
+
+
+def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) -> tuple[MedusaHeads, MedusaTrainReport]:
+    torch.manual_seed(cfg.seed)
+    report = MedusaTrainReport(asdict(cfg))
+    t0 = time.perf_counter()
+    seqs = generate(model, tokenizer, eos_ids, training_prompts(tokenizer, cfg), cfg.max_new_tokens)
+    report.generate_s = time.perf_counter() - t0
+    report.num_sequences = len(seqs)
+    report.num_generated_tokens = sum(len(ids) - p for ids, p in seqs)
+    log(f"generated {report.num_generated_tokens} tokens in {len(seqs)} answers ({report.generate_s:.0f} s)")
+    t0 = time.perf_counter()
+    rng = random.Random(cfg.seed)
+    order = list(range(len(seqs)))
+    rng.shuffle(order)
+    n_hold = max(1, int(len(seqs) * cfg.holdout))
+    hold, train = [seqs[i] for i in order[:n_hold]], [seqs[i] for i in order[n_hold:]]
+    h_tr, y_tr = head_targets(train, [final_hidden(model, ids) for ids, _ in train], cfg.num_heads)
+    h_ho, y_ho = head_targets(hold, [final_hidden(model, ids) for ids, _ in hold], cfg.num_heads)
+    report.hidden_s = time.perf_counter() - t0
+    report.num_train_positions = int(h_tr.shape[0])
+    log(f"{h_tr.shape[0]} training positions, {h_ho.shape[0]} held out ({report.hidden_s:.0f} s of prefill)")
+
+    heads = MedusaHeads(model.config.hidden_size, cfg.num_heads)
+    opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    total_steps = cfg.epochs * -(-h_tr.shape[0] // cfg.batch_positions)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=max(1, total_steps), pct_start=0.1)
+    t0 = time.perf_counter()
+    step, running = 0, []
+    for epoch in range(cfg.epochs):
+        perm = torch.randperm(h_tr.shape[0])
+        for s in range(0, h_tr.shape[0], cfg.batch_positions):
+            idx = perm[s : s + cfg.batch_positions]
+            logits = head_logits(model, heads, h_tr[idx])  # [K, b, V]
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_tr[idx].t().reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            running.append(float(loss.detach()))
+            if step % 10 == 0 or step == total_steps:
+                report.loss_curve.append((step, sum(running) / len(running)))
+                running = []
+                log(f"epoch {epoch} step {step}/{total_steps} loss {report.loss_curve[-1][1]:.3f}")
+            if cfg.max_train_seconds is not None and time.perf_counter() - t0 > cfg.max_train_seconds:
+                break
+        else:
+            continue
+        break
+    report.steps = step
+    report.train_s = time.perf_counter() - t0
+    heads.eval()
+    report.holdout_top1, report.holdout_chain_acceptance = evaluate(model, heads, h_ho, y_ho)
+    report.holdout_untrained_top1, _ = evaluate(model, MedusaHeads(model.config.hidden_size, cfg.num_heads), h_ho, y_ho)
+    log("held-out top-1 per head: " + ", ".join(f"{a:.2f}" for a in report.holdout_top1)
+        + "; chain: " + ", ".join(f"{a:.2f}" for a in report.holdout_chain_acceptance))
+    heads.metadata = {"base_fingerprint": embedding_fingerprint(model), "report": json.dumps(asdict(report))}
+    return heads, report

@@ -1,0 +1,97 @@
+"""Medusa-1 heads: training on a frozen model, the file format, and the proposer inside the engine.
+
+Tiny random models (fast): greedy with Medusa guesses equals plain greedy, with preemption;
+the heads learn (held-out accuracy above an untrained head's); a bad or foreign heads file is a
+clear error. The shipped heads of the default model are checked in test_spec_greedy.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minillm.engine.config import EngineConfig
+from minillm.engine.llm_engine import LLMEngine
+from minillm.sampling_params import SamplingParams
+from minillm.spec_decode.medusa_heads import MedusaHeads
+from minillm.spec_decode.medusa import embedding_fingerprint
+from minillm.spec_decode.medusa_train import MedusaTrainConfig, train_heads
+from tests.helpers.engine_utils import random_prompts, run_to_completion, tiny_model
+
+VOCAB = 31
+
+
+def random_heads(model, k=3, seed=0, scale=0.3) -> MedusaHeads:
+    heads = MedusaHeads(model.config.hidden_size, k)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * scale)
+    return heads
+
+
+def generate(spec, num_blocks=256):
+    e = LLMEngine(tiny_model(seed=1, vocab=VOCAB), None, [], EngineConfig(
+        block_size=4, num_kv_blocks=num_blocks, max_num_seqs=8, max_num_batched_tokens=64, speculative=spec))
+    params = SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True, stop_token_ids=[7])
+    for i, p in enumerate(random_prompts(8, VOCAB, 3, 12, seed=4)):
+        e.add_request(str(i), p * 2, params)
+    return run_to_completion(e), e
+
+
+@pytest.mark.parametrize("num_blocks", [256, 14])
+def test_greedy_with_medusa_guesses_equals_greedy(num_blocks):
+    ref, _ = generate(None)
+    model = tiny_model(seed=1, vocab=VOCAB)
+    for heads in (MedusaHeads(model.config.hidden_size, 3), random_heads(model)):  # untrained (copies), random
+        out, e = generate({"method": "medusa", "heads": heads, "num_tokens": 3}, num_blocks)
+        assert out == ref
+        recs = [r for s in e.trace for r in s.spec]
+        assert sum(r.num_proposed for r in recs) > 0
+        assert not e.proposer.hidden  # nothing kept for finished sequences
+        if num_blocks < 256:
+            assert any(s.preemptions for s in e.trace)
+
+
+def test_medusa_needs_as_many_heads_as_guesses():
+    model = tiny_model(seed=1, vocab=VOCAB)
+    with pytest.raises(ValueError, match="exceeds the 2 Medusa heads"):
+        LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, speculative={
+            "method": "medusa", "heads": MedusaHeads(model.config.hidden_size, 2), "num_tokens": 3}))
+
+
+def test_heads_file_round_trip_and_errors(tmp_path):
+    model = tiny_model(seed=1, vocab=VOCAB)
+    heads = random_heads(model, 2)
+    path = tmp_path / "h.safetensors"
+    heads.save(path, base_model="tiny", loss_curve=[(1, 2.0)])
+    back = MedusaHeads.load(path, model.config.hidden_size)
+    assert back.num_heads == 2 and back.metadata["base_model"] == "tiny"
+    h = torch.randn(5, model.config.hidden_size)
+    torch.testing.assert_close(back(h), heads(h), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="hidden size"):
+        MedusaHeads.load(path, model.config.hidden_size + 8)
+    with pytest.raises(FileNotFoundError, match="train-medusa"):
+        MedusaHeads.load(tmp_path / "missing.safetensors")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="not a readable Medusa heads file"):
+        MedusaHeads.load(bad)
+
+
+@pytest.mark.default_model
+@pytest.mark.slow
+def test_training_teaches_the_heads_the_default_models_own_continuations(default_model):
+    # a short run of the real recipe (its own greedy answers, frozen base): head 1's held-out top-1
+    # must beat an untrained head's (which repeats the LM head's guess for t + 1), and training
+    # loss must fall. (A random tiny model's text has no structure to learn.)
+    m = default_model
+    cfg = MedusaTrainConfig(num_heads=2, num_chat_prompts=16, max_new_tokens=40, epochs=3, batch_positions=48,
+                            lr=3e-3, holdout=0.2)
+    heads, report = train_heads(m.model, m.tokenizer, m.eos_token_ids, cfg, log=lambda s: None)
+    assert report.num_train_positions > 400 and report.steps > 20
+    first, last = report.loss_curve[0][1], report.loss_curve[-1][1]
+    assert last < 0.8 * first, report.loss_curve
+    assert heads.metadata["base_fingerprint"] == embedding_fingerprint(m.model)
+    top1, untrained = report.holdout_top1, report.holdout_untrained_top1
+    assert top1[0] > untrained[0] + 0.1, (top1, untrained)
+    assert report.holdout_chain_acceptance[1] <= report.holdout_chain_acceptance[0] <= top1[0]
