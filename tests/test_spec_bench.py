@@ -40,4 +40,4 @@ def test_unknown_proposer_fails_before_loading_the_model():
     from minillm.bench.cli import main
 
     with pytest.raises(ValueError, match="unknown proposer"):
-        main(["spec", "--proposers", "medusa", "--model", "/nonexistent.gguf"])
+        main(["spec", "--proposers", "eagle", "--model", "/nonexistent.gguf"])
