@@ -97,14 +97,20 @@ def test_greedy_with_a_separate_draft_equals_greedy(reference, draft, pools):
     assert [StepTrace.from_dict(json.loads(json.dumps(s.to_dict()))) for s in e.trace] == e.trace
 
 
+def three_running(num_tokens: int, max_tokens: int) -> LLMEngine:
+    """An engine with a perturbed draft, three requests added and four steps run."""
+    e = engine({"method": "draft", "model": DRAFTS["perturbed"](), "num_tokens": num_tokens})
+    for i, p in enumerate(random_prompts(3, VOCAB, 5, 9, seed=3)):
+        e.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    for _ in range(4):
+        e.step()
+    return e
+
+
 def test_the_block_view_draws_the_draft_pool():
     from minillm.visualize import block_table_figure, block_table_view, draft_block_table_view
 
-    e = engine({"method": "draft", "model": DRAFTS["perturbed"](), "num_tokens": 3})
-    for i, p in enumerate(random_prompts(3, VOCAB, 5, 9, seed=3)):
-        e.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
-    for _ in range(4):
-        e.step()
+    e = three_running(num_tokens=3, max_tokens=12)
     view = draft_block_table_view(e.trace)
     d = e.trace[-1].draft
     assert view.num_blocks == d.num_blocks and view.num_used == d.num_used_blocks > 0
@@ -136,11 +142,7 @@ def test_the_draft_caches_what_the_target_accepted():
 
 
 def test_abort_frees_the_draft_blocks_at_once():
-    e = engine({"method": "draft", "model": DRAFTS["perturbed"](), "num_tokens": 4})
-    for i, p in enumerate(random_prompts(3, VOCAB, 5, 9, seed=3)):
-        e.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
-    for _ in range(4):
-        e.step()
+    e = three_running(num_tokens=4, max_tokens=40)
     prop = e.proposer
     held = {sid for sid, _ in e.trace[-1].draft.block_tables}
     assert len(held) == 3
