@@ -71,14 +71,11 @@ class _StepTally:
 
 
 class DraftModelProposer(Proposer):
-    def __init__(self, draft: LlamaForCausalLM, config: EngineConfig, num_blocks: int, vocab_size: int) -> None:
-        if draft.config.vocab_size != vocab_size:
-            raise ValueError(f"the draft model's vocabulary has {draft.config.vocab_size} ids, the target's "
-                             f"{vocab_size}: a draft must share the target's tokenizer")
+    def __init__(self, draft: LlamaForCausalLM, config: EngineConfig, num_blocks: int) -> None:
+        # draft_loading.load_draft has checked that its vocabulary is the target's
         self.config = config.replace(num_kv_blocks=num_blocks, speculative=None, enable_prefix_caching=False)
         self.runner = ModelRunner(draft, self.config)  # its own pool, backend and compiled decode
         self.model = draft
-        self.vocab_size = vocab_size
         self.bm = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
         self.states: dict[int, DraftSeqState] = {}
         self._step = 0
@@ -206,7 +203,7 @@ class DraftModelProposer(Proposer):
                          self._bytes_per_weight, self._bytes_per_kv_elem)
         t.flops += cost.flops
         t.bytes_moved += cost.bytes_moved
-        return logits[:, : self.vocab_size]
+        return logits
 
     def _choose(self, seq: Sequence, logits: torch.Tensor, prop: Proposal) -> None:
         if seq.params.greedy:
