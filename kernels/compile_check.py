@@ -39,6 +39,9 @@ def specs(all_configs: bool = False) -> list[tuple]:
             out += [(dtype, *s) for s in prefill.gpu_compile_specs(dtype, head_dim=hd, group=group, configs=cfgs)]
     # the sliding-window prefill (Gemma 3's local layers): its extra key phase, once, bf16 big-model shape
     out += [(torch.bfloat16, *s) for s in prefill.gpu_compile_specs(torch.bfloat16, quant=0, windowed=True)]
+    # tree verification (speculative decoding with a token tree): the mask-row loads, default model shape
+    out += [(torch.bfloat16, *s) for s in prefill.gpu_compile_specs(torch.bfloat16, head_dim=64, group=3, quant=0,
+                                                                     tree=True)]
     if all_configs:
         for c in paged_decode._GPU_CONFIGS:
             cfg = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}

@@ -44,6 +44,15 @@ in a masked tile (the window has not reached it yet); its running max stays
 ``-inf`` and is replaced by 0 in the exponentials, so no ``-inf - -inf`` NaN
 appears and such tiles add exactly nothing.
 
+Tree verification (``TREE`` 1, speculative decoding with a token tree, see
+spec_decode/tree.py): a chunk's own keys are its draft nodes, and a node sees
+only its ancestors. Each query row then reads its row of ``tree_mask`` (which of
+its chunk's keys it sees) and its real position ``ctx + tree_depth`` (what a
+window counts from). The unmasked phase stops at the chunk's first key, since
+only the keys before the chunk are visible to every row; rows of ordinary chunks
+in the same launch carry causal mask rows, so they compute what they would
+without a tree.
+
 GQA: query head ``h`` reads kv head ``h // GROUP``. Heads are the fastest grid
 axis, so the programs of one group run together and share the K/V tiles
 through L2.
@@ -69,9 +78,9 @@ from minillm.kernels.paged_decode import NO_WINDOW
 @triton.jit
 def _attend_tiles(
     acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, s_head_off, d_ok, seq_len, qk_scale,
-    s_cb, s_co, s_sb, s_so, lo, hi, window,
+    s_cb, s_co, s_sb, s_so, lo, hi, window, q_real, tm_rows, tk_ptr, ctx,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, F32: tl.constexpr, MASKED: tl.constexpr, QUANT: tl.constexpr,
-    WINDOWED: tl.constexpr,
+    WINDOWED: tl.constexpr, TREE: tl.constexpr,
 ):
     """Online-softmax update of (acc, l, m) with the keys in [lo, hi).
 
@@ -105,9 +114,16 @@ def _attend_tiles(
         if QUANT != 0:
             s = s * k_sc[None, :]
         if MASKED:
-            vis = (pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+            if TREE:  # keys before the chunk, then the chunk's keys its tree-mask row allows
+                in_chunk = (pos >= ctx) & k_ok
+                tm = tl.load(tm_rows[:, None] + (pos - ctx)[None, :], mask=in_chunk[None, :], other=1)
+                vis = (tm != 0) & k_ok[None, :]
+                k_real = tl.where(in_chunk, ctx + tl.load(tk_ptr + (pos - ctx), mask=in_chunk, other=0), pos)
+            else:
+                vis = (pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+                k_real = pos
             if WINDOWED:
-                vis = vis & (pos[None, :] > q_pos[:, None] - window)
+                vis = vis & (k_real[None, :] > q_real[:, None] - window)
             s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_exp = m_new
@@ -134,15 +150,16 @@ def _attend_tiles(
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, cu_ptr, sl_ptr, o_ptr,
+    q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, cu_ptr, sl_ptr, o_ptr, tm_ptr, td_ptr,
     s_qt, s_qh, s_qd,
     s_cb, s_co, s_ch, s_cd,
     s_sb, s_so, s_sh,  # strides of the scale pools (QUANT only)
     s_btb,
     s_ot, s_oh, s_od,
+    s_tm,  # row stride of the tree mask (TREE only)
     qk_scale, first_seq, window,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGE: tl.constexpr, F32: tl.constexpr, QUANT: tl.constexpr, WINDOWED: tl.constexpr,
+    PAGE: tl.constexpr, F32: tl.constexpr, QUANT: tl.constexpr, WINDOWED: tl.constexpr, TREE: tl.constexpr,
 ):
     h = tl.program_id(0)
     seq = tl.program_id(2) + first_seq
@@ -168,6 +185,13 @@ def _prefill_kernel(
         else:
             q = q.to(q_ptr.dtype.element_ty)
     q_pos = ctx + m
+    q_real = q_pos  # the position a window counts from: a tree node's is root + depth, not its slot
+    tm_rows = tm_ptr
+    tk_ptr = td_ptr
+    if TREE:
+        q_real = ctx + tl.load(td_ptr + q_rows, mask=m_ok, other=0)
+        tm_rows = tm_ptr + tl.where(m_ok, q_rows, q_start) * s_tm  # padded rows read a real row, unused
+        tk_ptr = td_ptr + q_start  # the chunk's own keys are its query rows
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -178,21 +202,25 @@ def _prefill_kernel(
 
     first_pos = ctx + tile * BLOCK_M
     full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # keys < full_end are seen by every row (causally)
+    if TREE:  # a node need not see the nodes listed before it: only keys before the chunk are common
+        full_end = tl.minimum(full_end, ctx // BLOCK_N * BLOCK_N)
     hi = tl.minimum(first_pos + BLOCK_M, seq_len)  # one past the last query's position
     mid = 0
     if WINDOWED:  # keys >= lo_w are seen by the first row, keys >= all_w by every row of the tile (padded ones too)
         lo_w = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+        if TREE:  # a node's real position may lie below its slot, down to the root's
+            lo_w = tl.maximum(ctx - window + 1, 0) // BLOCK_N * BLOCK_N
         all_w = tl.maximum(first_pos + BLOCK_M - window, 0)
         mid = tl.minimum(tl.maximum(tl.cdiv(all_w, BLOCK_N) * BLOCK_N, lo_w), full_end)
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
                                       s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, lo_w, mid, window,
-                                      BLOCK_N, PAGE, F32, True, QUANT, True)
+                                      q_real, tm_rows, tk_ptr, ctx, BLOCK_N, PAGE, F32, True, QUANT, True, TREE)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
                                   s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, mid, full_end, window,
-                                  BLOCK_N, PAGE, F32, False, QUANT, WINDOWED)
+                                  q_real, tm_rows, tk_ptr, ctx, BLOCK_N, PAGE, F32, False, QUANT, WINDOWED, TREE)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
                                   s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, full_end, hi, window,
-                                  BLOCK_N, PAGE, F32, True, QUANT, WINDOWED)
+                                  q_real, tm_rows, tk_ptr, ctx, BLOCK_N, PAGE, F32, True, QUANT, WINDOWED, TREE)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # padded rows past a windowed chunk may see no key
     tl.store(o_ptr + q_rows[:, None] * s_ot + h * s_oh + d[None, :] * s_od,
              cast_out(out, o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
@@ -216,7 +244,7 @@ def _kernel_launcher(max_q: int):
         return _prefill_kernel, {"BLOCK_M": bm, "BLOCK_N": 64}
     bucket = min(next_pow2(max_q, 16), 4096)
     if bucket not in _tuned:
-        _tuned[bucket] = triton.autotune(_GPU_CONFIGS, key=["BLOCK_D", "PAGE", "GROUP", "QUANT", "WINDOWED"])(
+        _tuned[bucket] = triton.autotune(_GPU_CONFIGS, key=["BLOCK_D", "PAGE", "GROUP", "QUANT", "WINDOWED", "TREE"])(
             _prefill_kernel)
     return _tuned[bucket], {}
 
@@ -226,9 +254,12 @@ def prefill_attention(
     seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, *,
     out: torch.Tensor | None = None, max_query_len: int | None = None, first_seq: int = 0,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, window: int | None = None,
+    tree_mask: torch.Tensor | None = None, tree_depth: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T,H,D] packed; cu_seqlens_q int32 [S+1]; seq_lens int32 [S]; block_tables int32 [S, max_blocks].
     ``window``: query p attends to keys in (p - window, p] (None: all keys up to p).
+    ``tree_mask`` bool [T, W] and ``tree_depth`` int32 [T] (attention/metadata.py): row r sees the
+    keys before its chunk and its chunk's keys j with tree_mask[r, j]; its position is ctx + tree_depth[r].
 
     Returns [T,H,D] in q's dtype. Only sequences ``first_seq..S-1`` are computed
     (their rows of ``out``), so a caller can hand the decode sequences to the
@@ -251,15 +282,22 @@ def prefill_attention(
     f32 = compute_in_f32(q.dtype if k_scale is not None else k_cache.dtype)  # codes widen to q's dtype
     quant, k_cache, v_cache, scales = quant_launch_args(k_cache, v_cache, k_scale, v_scale)
 
+    tree = tree_mask is not None
+    if tree:
+        assert tree_depth is not None and tree_mask.shape[0] == T
+        tm, td = tree_mask.to(torch.int8).contiguous(), tree_depth.to(torch.int32).contiguous()
+    else:  # never read: the TREE branches are not compiled in
+        tm, td = cu_seqlens_q, cu_seqlens_q
+
     def grid(meta):
         return (H, triton.cdiv(max_query_len, meta["BLOCK_M"]), num_seqs)
 
     kernel[grid](
-        q, k_cache, v_cache, scales[0], scales[1], block_tables, cu_seqlens_q, seq_lens, out,
+        q, k_cache, v_cache, scales[0], scales[1], block_tables, cu_seqlens_q, seq_lens, out, tm, td,
         *q.stride(), *k_cache.stride(), *scales[2:], block_tables.stride(0), *out.stride(),
-        scale * LOG2E, first_seq, window,
+        tm.stride(0) if tree else 0, scale * LOG2E, first_seq, window,
         HEAD_DIM=D, GROUP=H // kvh, BLOCK_D=next_pow2(D, 16), PAGE=k_cache.shape[1],
-        F32=f32, QUANT=quant, WINDOWED=window < NO_WINDOW, **extra,
+        F32=f32, QUANT=quant, WINDOWED=window < NO_WINDOW, TREE=tree, **extra,
     )
     return out
 
@@ -268,9 +306,11 @@ def prefill_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, window: int | None = None,
+    tree_mask: torch.Tensor | None = None, tree_depth: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain PyTorch, one sequence at a time, fp32 math, explicit offset-causal mask
-    (quantized caches: dequantized K/V); ``window``: also masks keys at q_pos - window or before."""
+    (quantized caches: dequantized K/V); ``window``: also masks keys at q_pos - window or before;
+    ``tree_mask``/``tree_depth``: each chunk's own keys as its mask row says, positions root + depth."""
     from minillm.kernels.testing import gather_rows
 
     T, H, D = q.shape
@@ -285,27 +325,35 @@ def prefill_attention_ref(
         blocks = block_tables[s].long()[pos // bs]
         k = gather_rows(k_cache, k_scale, blocks, pos % bs).repeat_interleave(H // kvh, dim=1)  # [n, H, D]
         v = gather_rows(v_cache, v_scale, blocks, pos % bs).repeat_interleave(H // kvh, dim=1)
-        qpos = torch.arange(n - (b - a), n, device=q.device)
-        scores = torch.einsum("qhd,khd->hqk", q[a:b].float(), k) * scale
-        scores.masked_fill_(pos[None, None, :] > qpos[None, :, None], float("-inf"))
+        ctx = n - (b - a)
+        qpos = torch.arange(ctx, n, device=q.device)
+        kpos = pos
+        visible = pos[None, :] <= qpos[:, None]
+        if tree_mask is not None:
+            qpos = ctx + tree_depth[a:b].long()
+            kpos = torch.cat([pos[:ctx], qpos])
+            visible = torch.cat([torch.ones((b - a, ctx), dtype=torch.bool, device=q.device),
+                                 tree_mask[a:b, : b - a]], dim=1)
         if window is not None:
-            scores.masked_fill_(pos[None, None, :] <= qpos[None, :, None] - window, float("-inf"))
+            visible &= kpos[None, :] > qpos[:, None] - window
+        scores = torch.einsum("qhd,khd->hqk", q[a:b].float(), k) * scale
+        scores.masked_fill_(~visible[None], float("-inf"))
         out[a:b] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(q.dtype)
     return out
 
 
 def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, group: int = 4,
                       block_size: int = 16, configs: list | None = None, quant: int | None = None,
-                      windowed: bool = False) -> list[tuple]:
+                      windowed: bool = False, tree: bool = False) -> list[tuple]:
     """(name, kernel, signature, options) for compile checks without a GPU.
 
     ``quant`` (kv_quant.QUANT_INT8 / QUANT_FP8): the quantized-cache variant, ``dtype`` being q's;
     by default bf16 also yields both quantized variants (default tile only). ``windowed``: the
-    sliding-window variant (its extra key phase) instead."""
+    sliding-window variant (its extra key phase) instead; ``tree``: the tree-verification variant."""
     from minillm.kernels._common import TRITON_PTR
     from minillm.kernels.kv_quant import QUANT_FP8, QUANT_INT8, QUANT_NAME, QUANT_PTR
 
-    if quant is None and dtype == torch.bfloat16 and not windowed:
+    if quant is None and dtype == torch.bfloat16 and not windowed and not tree:
         return gpu_compile_specs(dtype, head_dim, group, block_size, configs, quant=0) + [
             s for qm in (QUANT_INT8, QUANT_FP8)
             for s in gpu_compile_specs(dtype, head_dim, group, block_size, quant=qm)]
@@ -318,16 +366,16 @@ def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, 
     specs = []
     for c in configs:
         sig = dict(q_ptr=p, kc_ptr=cp, vc_ptr=cp, ks_ptr=sp, vs_ptr=sp, bt_ptr="*i32", cu_ptr="*i32", sl_ptr="*i32",
-                   o_ptr=p,
+                   o_ptr=p, tm_ptr="*i8" if tree else "*i32", td_ptr="*i32",
                    s_qt="i32:16", s_qh="i32:16", s_qd=1, s_cb="i32:16", s_co="i32:16", s_ch="i32:16", s_cd=1,
                    s_sb="i32", s_so="i32", s_sh=1 if quant else "i32",
-                   s_btb="i32", s_ot="i32:16", s_oh="i32:16", s_od=1, qk_scale="fp32", first_seq="i32", window="i32",
+                   s_btb="i32", s_ot="i32:16", s_oh="i32:16", s_od=1, s_tm="i32", qk_scale="fp32", first_seq="i32", window="i32",
                    HEAD_DIM=head_dim,
                    GROUP=group, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=next_pow2(head_dim, 16),
-                   PAGE=block_size, F32=dtype == torch.float32, QUANT=quant, WINDOWED=windowed)
+                   PAGE=block_size, F32=dtype == torch.float32, QUANT=quant, WINDOWED=windowed, TREE=tree)
         opts = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
         tile = f"{c['BLOCK_M']}x{c['BLOCK_N']},w{c['num_warps']},s{c['num_stages']}"
-        name = f"prefill{kind}{'_window' if windowed else ''}[D{head_dim},G{group},{tile}]"
+        name = f"prefill{kind}{'_window' if windowed else ''}{'_tree' if tree else ''}[D{head_dim},G{group},{tile}]"
         specs.append((name, _prefill_kernel, sig, opts))
     return specs
 

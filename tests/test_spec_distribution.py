@@ -89,6 +89,8 @@ SPECS = {
     "draft_model": {"method": "draft", "model": "separate", "num_tokens": 3},
     # Medusa: deterministic top-1 guesses from heads on the target's hidden state (random heads here)
     "medusa": {"method": "medusa", "heads": "random", "num_tokens": 2},
+    # a tree of their top-2 per head (6 candidates): several deterministic children per node
+    "medusa_tree": {"method": "medusa", "heads": "random", "tree": [2, 2]},
 }
 
 

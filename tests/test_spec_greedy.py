@@ -40,6 +40,8 @@ SPECS = {
     "ngram": {"method": "ngram", "num_tokens": 4},
     "draft_int4": {"method": "draft", "model": "int4", "num_tokens": 4},
     "medusa": {"method": "medusa", "num_tokens": 3},  # the heads shipped for the default model
+    # a tree of their top-k candidates (spec_decode/tree.py): paths off the first branch get accepted
+    "medusa_tree": {"method": "medusa", "tree": [[0], [1], [2], [3], [0, 0], [0, 1], [1, 0], [0, 0, 0]]},
 }
 
 
@@ -54,7 +56,11 @@ def test_greedy_speculation_equals_greedy(default_model, reference, name):
     for r in records:
         assert 0 <= r.num_accepted <= r.num_proposed == len(r.draft_token_ids)
         assert 1 <= r.num_emitted <= r.num_accepted + 1
-        assert r.bonus == (r.num_proposed > 0 and r.num_accepted == r.num_proposed)
+        if r.draft_parents and name == "medusa_tree":  # a tree: the bonus comes at a leaf
+            assert r.bonus == (r.num_accepted > 0 and r.accepted_nodes[-1] not in r.draft_parents)
+            assert len(r.accepted_nodes) == r.num_accepted
+        else:
+            assert r.bonus == (r.num_proposed > 0 and r.num_accepted == r.num_proposed)
     # every emitted token was recorded as a new token of its step; fewer steps than tokens
     steps_decoding = [s for s in e.trace if s.spec]
     assert len(steps_decoding) < len(prompts(default_model.tokenizer)) * MAX_TOKENS
@@ -69,3 +75,15 @@ def test_greedy_speculation_survives_preemption(default_model, reference, name):
     assert run(e, prompts(default_model.tokenizer), MAX_TOKENS) == reference
     assert sum(len(s.preemptions) for s in e.trace) > 0
     assert sum(r.num_accepted for s in e.trace for r in s.spec) > 0
+
+
+def test_tree_paths_off_the_first_branch_need_their_kv_moved(default_model, reference, monkeypatch):
+    """The same run without the K/V moves after a tree's verification: later tokens go wrong."""
+    import minillm.engine.llm_engine as llm_engine
+
+    e = engine(default_model, SPECS["medusa_tree"])
+    assert run(e, prompts(default_model.tokenizer), MAX_TOKENS) == reference
+    moved = [r for s in e.trace for r in s.spec if r.accepted_nodes != tuple(range(len(r.accepted_nodes)))]
+    assert moved, "some accepted path must leave the first branch for this test to mean anything"
+    monkeypatch.setattr(llm_engine, "tree_kv_moves", lambda *a: [])
+    assert run(engine(default_model, SPECS["medusa_tree"]), prompts(default_model.tokenizer), MAX_TOKENS) != reference

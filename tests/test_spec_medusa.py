@@ -52,6 +52,30 @@ def test_greedy_with_medusa_guesses_equals_greedy(num_blocks):
             assert any(s.preemptions for s in e.trace)
 
 
+@pytest.mark.parametrize("num_blocks", [256, 14])
+def test_greedy_with_a_medusa_tree_equals_greedy(num_blocks):
+    ref, _ = generate(None)
+    model = tiny_model(seed=1, vocab=VOCAB)
+    out, e = generate({"method": "medusa", "heads": random_heads(model), "tree": [3, 2, 1]}, num_blocks)
+    assert out == ref
+    recs = [r for s in e.trace for r in s.spec]
+    assert sum(r.num_proposed for r in recs) > 0 and all(r.draft_parents for r in recs if r.num_proposed)
+    assert max(r.num_proposed for r in recs) > 3  # more candidates than a chain of 3 heads holds
+    if num_blocks < 256:
+        assert any(s.preemptions for s in e.trace)
+
+
+def test_tree_config_errors():
+    model = tiny_model(seed=1, vocab=VOCAB)
+    heads = MedusaHeads(model.config.hidden_size, 2)
+    for spec, match in [({"method": "medusa", "heads": heads, "tree": [2, 2, 2]}, "exceeds the 2 Medusa heads"),
+                        ({"method": "medusa", "heads": heads, "tree": [[1, 1]]}, "no parent"),
+                        ({"method": "medusa", "heads": heads, "tree": [9, 9]}, "at most 64"),
+                        ({"method": "ngram", "tree": [2]}, "tree applies to method 'medusa'")]:
+        with pytest.raises(ValueError, match=match):
+            LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, speculative=spec))
+
+
 def test_medusa_needs_as_many_heads_as_guesses():
     model = tiny_model(seed=1, vocab=VOCAB)
     with pytest.raises(ValueError, match="exceeds the 2 Medusa heads"):

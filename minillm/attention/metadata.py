@@ -14,6 +14,12 @@ Layout conventions shared by every backend and by the Triton kernels:
   through the block table. Query ``i`` of a chunk sits at absolute position
   ``seq_lens[s] - query_len[s] + i`` and sees keys ``0 .. that position``
   (a sliding-window layer: only the last ``window`` of them, see base.py).
+* A sequence verifying a tree of drafts (spec_decode/tree.py) has
+  ``tree_mask``: its query ``i`` sees the keys before the chunk and those of
+  the chunk's own keys ``j`` with ``tree_mask[row, j]`` (the root, its
+  ancestors, itself). Its real position is ``seq_len - query_len +
+  tree_depth[row]`` (the window counts from there); without a tree the mask
+  row is causal and the depth is ``i``, so every packed row reads the same way.
 """
 from __future__ import annotations
 
@@ -41,6 +47,11 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # bool [num_decode_seqs, 1, 1, L]; None when all lengths are equal
     # the same three for the sliding-window layers, per window: derived by the first such layer, shared after
     decode_windowed: dict[int, tuple] = field(default_factory=dict)
+    # tree verification (None when no sequence of the step verifies a tree): per packed row, which of its
+    # chunk's own keys it sees (bool [num_tokens, max_query_len]) and its offset in positions (int32 [num_tokens])
+    tree_mask: torch.Tensor | None = None
+    tree_depth: torch.Tensor | None = None
+    tree_seqs: list[bool] | None = None  # which packed sequences carry a tree
 
     @property
     def num_tokens(self) -> int:
@@ -54,8 +65,11 @@ class AttentionMetadata:
         block_tables: list[list[int]],
         block_size: int,
         device: torch.device | str = "cpu",
+        tree_parents: list[list[int] | None] | None = None,
     ) -> "AttentionMetadata":
-        """Build from plain lists (decode sequences must already come first)."""
+        """Build from plain lists (decode sequences must already come first).
+
+        tree_parents: per sequence, the parents of the draft tree filling its last rows, or None."""
         num_seqs = len(query_lens)
         num_decode = 0
         while num_decode < num_seqs and query_lens[num_decode] == 1:
@@ -72,6 +86,7 @@ class AttentionMetadata:
         cu = [0]
         for q in query_lens:
             cu.append(cu[-1] + q)
+        tree = tree_tensors(query_lens, tree_parents, device) if tree_parents is not None else (None, None)
         return cls(
             num_seqs=num_seqs,
             num_decode_seqs=num_decode,
@@ -83,4 +98,29 @@ class AttentionMetadata:
             max_seq_len=max(seq_lens, default=0),
             query_lens_list=list(query_lens),
             seq_lens_list=list(seq_lens),
+            tree_mask=tree[0],
+            tree_depth=tree[1],
+            tree_seqs=None if tree_parents is None else [t is not None for t in tree_parents],
         )
+
+
+def tree_tensors(query_lens: list[int], tree_parents: list[list[int] | None],
+                 device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed (tree_mask, tree_depth) of a step (see the module docstring)."""
+    from minillm.spec_decode.tree import ancestor_mask, node_depths
+
+    width = max(query_lens, default=1) or 1
+    rows = []
+    depths = []
+    for lq, parents in zip(query_lens, tree_parents):
+        m = torch.ones((lq, lq), dtype=torch.bool).tril()
+        d = list(range(lq))
+        if parents is not None:  # the last 1 + N rows: the root, then the nodes
+            n = len(parents)
+            base = lq - 1 - n
+            m[base:, base:] = ancestor_mask(parents)
+            d[base + 1:] = [base + x for x in node_depths(parents)]
+        rows.append(torch.nn.functional.pad(m, (0, width - lq)))
+        depths.extend(d)
+    mask = torch.cat(rows) if rows else torch.zeros((0, width), dtype=torch.bool)
+    return mask.to(device), torch.tensor(depths, dtype=torch.int32, device=device)

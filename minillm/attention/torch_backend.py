@@ -16,6 +16,8 @@ Sliding-window layers (``window``): a decode gathers only each sequence's last
 ``window`` keys (its own slots and mask, derived once per step per window); a
 prefill chunk drops the keys no query of it can see and masks
 ``q_pos - window < k_pos <= q_pos``.
+A chunk verifying a tree of drafts (metadata.tree_mask) gets an explicit mask:
+the keys before the chunk, then the root and the query's own ancestors.
 
 Quantized caches (int8 / fp8 with per-token-per-head scales, see kv_quant.py)
 take a separate path so the float path stays as it is: new K/V are quantized
@@ -134,6 +136,40 @@ def prefill_one(
     return out[0].transpose(0, 1)
 
 
+def prefill_tree(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, scale: float,
+    chunk_mask: torch.Tensor, depth: torch.Tensor, window: int | None = None,
+) -> torch.Tensor:
+    """A tree-verify chunk (spec_decode/tree.py): q [Lq, H, D]; k/v [seq_len, kvh, D].
+
+    Query i sees every key before the chunk and the chunk's keys j with chunk_mask[i, j];
+    a window counts from its real position ctx + depth[i], not from its slot."""
+    lq = q.shape[0]
+    ctx = seq_len - lq
+    qpos = ctx + depth.long()[:, None]
+    kpos = torch.cat([torch.arange(ctx, device=q.device), ctx + depth.long()])[None, :]
+    mask = torch.cat([torch.ones((lq, ctx), dtype=torch.bool, device=q.device), chunk_mask], dim=1)
+    if window is not None:
+        mask &= kpos > qpos - window
+    qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+def chunk_tree(meta: AttentionMetadata, seq: int, start: int, lq: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(chunk mask [lq, lq], depths [lq]) when packed sequence `seq` verifies a tree, else None."""
+    if meta.tree_seqs is None or not meta.tree_seqs[seq]:
+        return None
+    return meta.tree_mask[start : start + lq, :lq], meta.tree_depth[start : start + lq]
+
+
+def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, scale: float,
+                 window: int | None, tree: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    if tree is None:
+        return prefill_one(q, k, v, seq_len, scale, window)
+    return prefill_tree(q, k, v, seq_len, scale, tree[0], tree[1], window)
+
+
 def store_kv_quant(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     k_scale: torch.Tensor, v_scale: torch.Tensor, slots: torch.Tensor,
@@ -194,7 +230,7 @@ def forward_quant(
             slots_i = table[pos // bs] * bs + pos % bs
             ki = gather_dequant(k_cache, k_scale, slots_i, q.dtype)
             vi = gather_dequant(v_cache, v_scale, slots_i, q.dtype)
-        parts.append(prefill_one(q[start : start + lq], ki, vi, sl, scale, window))
+        parts.append(attend_chunk(q[start : start + lq], ki, vi, sl, scale, window, chunk_tree(meta, i, start, lq)))
         start += lq
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
@@ -268,6 +304,6 @@ class TorchAttentionBackend(AttentionBackend):
             else:
                 ki = gather_kv(k_cache, meta.block_tables[i : i + 1], sl)[0].to(q.dtype)
                 vi = gather_kv(v_cache, meta.block_tables[i : i + 1], sl)[0].to(q.dtype)
-            parts.append(prefill_one(qi, ki, vi, sl, scale, window))
+            parts.append(attend_chunk(qi, ki, vi, sl, scale, window, chunk_tree(meta, i, start, lq)))
             start += lq
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

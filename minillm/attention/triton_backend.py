@@ -3,8 +3,8 @@
 One step: store the new K/V into their slots, then run the paged decode kernel
 on the first ``num_decode_seqs`` sequences (one query each) and the varlen
 prefill kernel on the rest (prefill chunks, prefix-cache hits, speculative
-verification). Both write straight into one output tensor, so nothing is
-concatenated. On a GPU, decode splits long contexts across programs
+verification, a tree of drafts with its tree mask). Both write straight into one
+output tensor, so nothing is concatenated. On a GPU, decode splits long contexts across programs
 (flash-decoding) when there are too few sequences to fill the device.
 
 On CPU this runs under ``TRITON_INTERPRET=1`` (set it before triton is first
@@ -60,5 +60,6 @@ class TritonAttentionBackend(AttentionBackend):
             prefill_attention(
                 q, k_cache, v_cache, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables, scale,
                 out=out, max_query_len=max_q, first_seq=nd, window=window, **sc,
+                tree_mask=meta.tree_mask, tree_depth=meta.tree_depth,
             )
         return out

@@ -21,6 +21,7 @@ import torch
 
 from minillm.attention.metadata import AttentionMetadata
 from minillm.engine.sequence import Sequence
+from minillm.spec_decode.tree import node_depths
 
 
 @dataclass
@@ -34,6 +35,7 @@ class ScheduledChunk:
     # --- filled by the proposer (speculative decoding) ---------------------------------------
     draft_token_ids: list[int] = field(default_factory=list)  # at most num_lookahead guesses
     draft_probs: torch.Tensor | None = None  # [len(drafts), V] the q they were drawn from; None: deterministic
+    draft_parents: list[int] | None = None  # a tree of drafts (spec_decode/tree.py): each one's parent; None: a chain
 
     @property
     def completes(self) -> bool:
@@ -74,6 +76,8 @@ class StepBatch:
     logit_rows: list[int]  # packed rows whose logits the step needs, grouped by chunk
     # chunk i (in the scheduler's order) -> (first index into logit_rows, count); count 0: nothing sampled
     chunk_logits: list[tuple[int, int]]
+    # per packed sequence: its draft tree's parents (its last 1 + N rows are the root and the nodes), or None
+    tree_parents: list[list[int] | None] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -88,7 +92,7 @@ class StepBatch:
     def build(cls, chunks: list[ScheduledChunk]) -> "StepBatch":
         order = [i for i, c in enumerate(chunks) if c.num_query_tokens == 1]
         order += [i for i, c in enumerate(chunks) if c.num_query_tokens != 1]
-        b = cls([], [], [], [], [], [], [(0, 0)] * len(chunks))
+        b = cls([], [], [], [], [], [], [(0, 0)] * len(chunks), [])
         rows_of: dict[int, list[int]] = {}
         for i in order:
             c = chunks[i]
@@ -96,7 +100,12 @@ class StepBatch:
             drafts = c.draft_token_ids
             b.token_ids.extend(c.seq.token_ids[start:end])
             b.token_ids.extend(drafts)
-            b.positions.extend(range(start, end + len(drafts)))
+            b.positions.extend(range(start, end))
+            if c.draft_parents is None:
+                b.positions.extend(range(end, end + len(drafts)))
+            else:  # a tree node sits at the root's position plus its depth; its slot is its list index
+                b.positions.extend(end - 1 + d for d in node_depths(c.draft_parents))
+            b.tree_parents.append(c.draft_parents)
             b.query_lens.append(end - start + len(drafts))
             b.seq_lens.append(end + len(drafts))
             b.block_tables.append(list(c.seq.block_table))
@@ -110,4 +119,5 @@ class StepBatch:
         return b
 
     def attention_metadata(self, block_size: int, device: torch.device) -> AttentionMetadata:
-        return AttentionMetadata.build(self.query_lens, self.seq_lens, self.block_tables, block_size, device)
+        trees = self.tree_parents if any(t is not None for t in self.tree_parents) else None
+        return AttentionMetadata.build(self.query_lens, self.seq_lens, self.block_tables, block_size, device, trees)

@@ -38,6 +38,11 @@ class Executor(ABC):
     def kv_cache_bytes(self) -> int:
         """Bytes of rank 0's KV pool (K, V and, when quantized, their scales)."""
 
+    def move_kv(self, moves: list[tuple[int, int]]) -> None:
+        """Copy each (src slot, dst slot) of every layer's pool, in order (a tree's accepted path)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot move K/V between slots; "
+                                  "tree verification runs on one process")
+
     def attach(self) -> None:
         """Point the model's attention layers at this executor's pool (a model may serve several engines)."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.attention.kv_quant import SCALE_DTYPE, is_quantized, kv_bytes_per_token, resolve_kv_cache_dtype
+from minillm.attention.kv_quant import SCALE_DTYPE, as_bits, is_quantized, kv_bytes_per_token, resolve_kv_cache_dtype
 from minillm.config import ModelConfig
 from minillm.engine.config import EngineConfig
 
@@ -80,6 +80,18 @@ class KVCachePool:
     @property
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    @torch.inference_mode()
+    def move_slots(self, moves: list[tuple[int, int]]) -> None:
+        """Copy K/V (and scales) from slot src to slot dst in every layer, pair by pair in order.
+
+        Ordered pairs with every source at or above its destination (spec_decode/tree.py)
+        give the same result copied all at once, so each layer takes one indexed copy."""
+        src = torch.tensor([m[0] for m in moves], device=self.k_caches[0].device)
+        dst = torch.tensor([m[1] for m in moves], device=self.k_caches[0].device)
+        for t in self.tensors():
+            flat = as_bits(t).view(t.shape[0] * t.shape[1], -1)
+            flat[dst] = flat[src]
 
     def bind(self, model, backend) -> None:
         """Point every attention layer of `model` at its slice of this pool and at `backend`.

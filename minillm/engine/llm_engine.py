@@ -10,6 +10,9 @@ One step is one pipeline, the same for every feature:
 
     schedule -> propose (speculative only) -> pack -> execute -> choose tokens -> update -> trace -> outputs
 
+(A tree of drafts adds one move between choosing and updating: the accepted path's K/V
+are copied to the slots the path now occupies, spec_decode/tree.py.)
+
 Chunked prefill, prefix hits, decode and speculative verification are all
 chunks of one ScheduledBatch; one StepBatch packs them for any executor (this
 process, or N tensor/pipeline-parallel ranks).
@@ -31,6 +34,7 @@ from minillm.engine.tracer import StepTracer
 from minillm.models.llama import LlamaForCausalLM
 from minillm.quant.footprint import bytes_per_weight
 from minillm.sampling_params import SamplingParams
+from minillm.spec_decode.tree import tree_kv_moves
 
 __all__ = ["LLMEngine", "RequestError"]
 
@@ -78,7 +82,7 @@ class LLMEngine:
             from minillm.spec_decode.proposer import make_proposer
 
             self.proposer = make_proposer(config.speculative, self.executor, config, tokenizer)
-            self.scheduler.num_lookahead_slots = config.speculative.num_tokens
+            self.scheduler.num_lookahead_slots = config.speculative.num_lookahead_slots
 
     @property
     def trace(self):
@@ -130,6 +134,9 @@ class LLMEngine:
         packed = StepBatch.build(batch.chunks)
         logits = self.executor.execute(packed) if batch.chunks else None
         chosen = choose_tokens(batch, packed, logits, self.eos_token_ids)
+        moves = tree_kv_moves(batch, chosen, self.block_manager.block_size)
+        if moves:  # a tree's accepted path: its K/V to the positions it now holds (before trim frees slots)
+            self.executor.move_kv(moves)
         update = self.scheduler.update(batch, chosen, t0, time.perf_counter())
         draft = None
         if self.proposer is not None:
@@ -156,7 +163,7 @@ class LLMEngine:
         if self.has_unfinished_requests():
             raise ValueError("change num_tokens between runs, not while requests are in flight")
         self.config.speculative = self.config.speculative.with_num_tokens(k)
-        self.scheduler.num_lookahead_slots = k
+        self.scheduler.num_lookahead_slots = self.config.speculative.num_lookahead_slots
 
     def close(self) -> None:
         """Stop worker processes, if any (one process holds nothing to release)."""

@@ -51,6 +51,9 @@ class ModelRunner(Executor):
     def attach(self) -> None:
         self.pool.bind(self.model, self.backend)
 
+    def move_kv(self, moves: list[tuple[int, int]]) -> None:
+        self.pool.move_slots(moves)
+
     @property
     def kv_cache_bytes(self) -> int:
         return self.pool.num_bytes

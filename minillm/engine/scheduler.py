@@ -34,6 +34,7 @@ class ChosenTokens:
     token_ids: list[int]  # accepted drafts, then one token of the target's own
     logprobs: list[dict[int, float] | None]
     num_accepted: int = 0  # leading draft tokens the target agreed with
+    accepted_nodes: list[int] | None = None  # a tree's accepted path (node indices); None: a chain or no drafts
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Chunks without drafts are sampled together (engine/sampler.py). Chunks that
 carry drafts are verified by exact rejection sampling (spec_decode/rejection.py):
-the accepted drafts plus one token of the target's own. Both give a
+the accepted drafts plus one token of the target's own; a tree of drafts keeps
+one root-to-node path (its nodes in ChosenTokens.accepted_nodes). Both give a
 ChosenTokens, so the scheduler's update does not care which path chose them.
 Until a sequence has min_tokens outputs, EOS and its stop token ids are banned
 from every row that scores one of those outputs.
@@ -14,7 +15,8 @@ import torch
 from minillm.engine.batch import ScheduledBatch, StepBatch
 from minillm.engine.sampler import ban_tokens, logprob_entry, min_tokens_bans, sample
 from minillm.engine.scheduler import ChosenTokens
-from minillm.spec_decode.rejection import verify_tokens
+from minillm.spec_decode.rejection import verify_tokens, verify_tree
+from minillm.spec_decode.tree import node_depths
 
 
 def _bans(batch: ScheduledBatch, step: StepBatch, eos_token_ids: set[int]) -> list[list[int]] | None:
@@ -23,8 +25,10 @@ def _bans(batch: ScheduledBatch, step: StepBatch, eos_token_ids: set[int]) -> li
         return None  # the usual case: nothing to mask, no per-row work
     bans: list[list[int]] = [[] for _ in step.logit_rows]
     for c, (first, count) in zip(batch.chunks, step.chunk_logits):
-        for j in range(count):  # row j scores output token num_output_tokens + j
-            bans[first + j] = min_tokens_bans(c.seq.params, c.seq.num_output_tokens + j, eos_token_ids)
+        # row j scores output token num_output_tokens + j (a tree's row 1 + node: + the node's depth)
+        ahead = list(range(count)) if c.draft_parents is None else [0] + node_depths(c.draft_parents)
+        for j in range(count):
+            bans[first + j] = min_tokens_bans(c.seq.params, c.seq.num_output_tokens + ahead[j], eos_token_ids)
     return bans
 
 
@@ -51,10 +55,17 @@ def choose_tokens(batch: ScheduledBatch, step: StepBatch, logits: torch.Tensor |
             continue
         rows = logits[first:first + n]  # row j scores the token after draft[:j]
         p = c.seq.params
-        tokens, accepted = verify_tokens(rows, c.draft_token_ids, c.draft_probs, p, c.seq.generator)
+        path = None
+        if c.draft_parents is None:
+            tokens, accepted = verify_tokens(rows, c.draft_token_ids, c.draft_probs, p, c.seq.generator)
+            scored_by = list(range(len(tokens)))  # row j scored emitted token j
+        else:  # a tree: one root-to-node path is accepted (spec_decode/tree.py)
+            tokens, path = verify_tree(rows, c.draft_token_ids, c.draft_parents, p, c.seq.generator)
+            accepted = len(path)
+            scored_by = [0] + [1 + node for node in path]
         lps: list[dict[int, float] | None] = [None] * len(tokens)
         if p.logprobs is not None:
-            lp = rows[: len(tokens)].log_softmax(-1)
+            lp = rows[scored_by].log_softmax(-1)
             lps = [logprob_entry(lp[j], t, p.logprobs) for j, t in enumerate(tokens)]
-        chosen[i] = ChosenTokens(tokens, lps, accepted)
+        chosen[i] = ChosenTokens(tokens, lps, accepted, path)
     return chosen

@@ -73,7 +73,9 @@ class SpecRecord:
     num_accepted: int  # leading draft tokens the target agreed with
     draft_token_ids: tuple[int, ...] = ()
     num_emitted: int = 0  # accepted + the target's own token, cut short by a stop condition
-    bonus: bool = False  # every draft accepted: the extra token came for free
+    bonus: bool = False  # every draft accepted (a tree: a leaf reached): the extra token came for free
+    draft_parents: tuple[int, ...] = ()  # a tree of drafts: each one's parent (-1: the newest token); () a chain
+    accepted_nodes: tuple[int, ...] = ()  # a tree: the accepted root-to-node path
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,14 @@ class StepTracer:
             if c.num_lookahead:
                 accepted = picked.num_accepted if picked is not None else 0
                 emitted = len(update.emitted.get(c.seq.seq_id, ()))
+                parents = tuple(c.draft_parents or ())
+                path = tuple((picked.accepted_nodes or ()) if picked is not None else ())
+                if parents:  # a tree: the bonus comes at a leaf
+                    bonus = bool(path) and path[-1] not in parents
+                else:
+                    bonus = bool(drafts) and accepted == drafts
                 spec.append(tr.SpecRecord(c.seq.seq_id, drafts, accepted, tuple(c.draft_token_ids), emitted,
-                                          bool(drafts) and accepted == drafts))
+                                          bonus, parents, path))
         cost = step_cost(
             self.model_config,
             [(c.num_query_tokens, c.num_computed_before + c.num_query_tokens) for c in batch.chunks],

@@ -2,14 +2,17 @@
 
     LLM(speculative={"method": "medusa", "num_tokens": 3})   # the default model's shipped heads
     LLM(model, speculative={"method": "medusa", "heads": "my_heads.safetensors"})
+    LLM(speculative={"method": "medusa", "tree": [3, 2, 1]})   # 15 candidates in a tree
 
 No second model and no second KV pool. After each step the engine hands the
 proposer the final hidden state of the row that chose each sequence's newest
 token (`observe`); the next step's proposal runs the heads on it and the
 target's LM head on their outputs (one batched matmul for all heads and
 sequences) and takes each head's top-1: a chain of guesses for the tokens after
-the newest one. The guesses are deterministic, so verification treats q as
-one-hot and stays exact for sampled requests too (spec_decode/rejection.py).
+the newest one. With `tree` (e.g. [3, 2, 1]) each head ranks its top-k and the
+guesses form a tree the target verifies in the same one forward (spec_decode/tree.py);
+the chain is that tree with width 1. The guesses are deterministic, so verification
+treats q as one-hot and stays exact for sampled requests too (spec_decode/rejection.py).
 
 Trained by `minillm train-medusa` (spec_decode/medusa_train.py).
 """
@@ -24,6 +27,7 @@ from minillm.engine.sequence import Sequence
 from minillm.spec_decode.medusa_heads import MedusaHeads
 from minillm.spec_decode.proposal import Proposal
 from minillm.spec_decode.proposer import Proposer
+from minillm.spec_decode.tree import TreeTemplate
 
 # heads shipped with minillm, by the base model they were trained on (the metadata says how)
 SHIPPED_HEADS = {"default": "smollm2-135m-instruct.medusa.safetensors"}
@@ -40,10 +44,13 @@ def embedding_fingerprint(model) -> str:
 
 
 class MedusaProposer(Proposer):
-    def __init__(self, runner, heads: MedusaHeads) -> None:
+    def __init__(self, runner, heads: MedusaHeads, tree: TreeTemplate | None = None) -> None:
         model = runner.model
         self.runner = runner
         self.heads = heads.to(device=runner.device, dtype=model.embed_tokens.weight.dtype).eval()
+        # no tree: a chain of every head's top-1, of which a step takes its first k nodes
+        self.tree = tree or TreeTemplate.from_spec([1] * heads.num_heads)
+        self.topk = self.tree.topk_per_head()
         self.hidden: dict[int, tuple[int, torch.Tensor]] = {}  # seq_id -> (its token count then, hidden row)
 
     def observe(self, batch, step, chosen, hidden: torch.Tensor | None) -> None:
@@ -56,8 +63,11 @@ class MedusaProposer(Proposer):
                 self.hidden.pop(c.seq.seq_id, None)
                 continue
             first, _ = step.chunk_logits[i]
-            # the row that scored the newest token: after the accepted drafts, the target's own
-            self.hidden[c.seq.seq_id] = (c.seq.num_tokens, hidden[first + picked.num_accepted].clone())
+            # the row that scored the newest token: after the accepted drafts (a tree's: its last path node)
+            row = picked.num_accepted
+            if picked.accepted_nodes is not None:
+                row = 1 + picked.accepted_nodes[-1] if picked.accepted_nodes else 0
+            self.hidden[c.seq.seq_id] = (c.seq.num_tokens, hidden[first + row].clone())
 
     def release(self, seqs: list[Sequence]) -> None:
         for s in seqs:
@@ -70,10 +80,13 @@ class MedusaProposer(Proposer):
         if not ready:
             return out  # e.g. a sequence recomputed after preemption: its next step brings a fresh hidden
         h = torch.stack([self.hidden[wants[i][0].seq_id][1] for i in ready])
-        x = self.heads(h)  # [K, rows, hidden]
-        K = x.shape[0]
-        logits = self.runner.model.compute_logits(x.reshape(K * len(ready), -1))
-        guesses = logits.argmax(-1).reshape(K, len(ready)).t().tolist()
+        depth = self.tree.depth
+        x = self.heads(h)[:depth]  # [depth, rows, hidden]: only the heads the tree reads
+        logits = self.runner.model.compute_logits(x.reshape(depth * len(ready), -1))
+        width = max(self.topk)
+        ranked = logits.topk(width, dim=-1).indices.reshape(depth, len(ready), width)
+        ranked = ranked.permute(1, 0, 2).tolist()  # [rows][head][rank]
         for j, i in enumerate(ready):
-            out[i].token_ids = guesses[j][: wants[i][1]]
+            n = min(wants[i][1], self.tree.num_nodes)  # a shorter budget takes a prefix: still a tree
+            out[i] = Proposal(self.tree.tokens(ranked[j], n), None, self.tree.parents(n))
         return out

@@ -1,6 +1,6 @@
 """A proposer guesses the next tokens of each decoding sequence; the step's batch carries them.
 
-    proposer.propose(batch)   # fills chunk.draft_token_ids (and draft_probs) where chunk.num_lookahead > 0
+    proposer.propose(batch)   # fills chunk.draft_token_ids (draft_probs, draft_parents) where chunk.num_lookahead > 0
 
 The scheduler reserved `num_lookahead` budget and KV slots per decoding
 sequence (never more than its context and max_tokens allow). The engine then
@@ -25,6 +25,7 @@ class Proposer(ABC):
         for c, prop in zip(wants, self.propose_tokens([(c.seq, c.num_lookahead) for c in wants])):
             c.draft_token_ids = prop.token_ids
             c.draft_probs = prop.q()
+            c.draft_parents = prop.parents if prop.token_ids else None
 
     def release(self, seqs: list[Sequence]) -> None:
         """Finished or aborted sequences: drop whatever the proposer keeps for them (a draft's blocks)."""
@@ -52,9 +53,13 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
 
         return NgramProposer(cfg.ngram_max, cfg.ngram_min)
     if cfg.method == "medusa":
+        from minillm.engine.model_runner import ModelRunner
         from minillm.spec_decode.medusa import MedusaProposer, embedding_fingerprint, shipped_heads_path
         from minillm.spec_decode.medusa_heads import MedusaHeads
 
+        if not isinstance(runner, ModelRunner):
+            raise ValueError("speculative method 'medusa' reads the target's hidden states and moves its K/V, "
+                             "which one process does; run it without tensor or pipeline parallelism")
         target = runner.model
         if cfg.heads is None or isinstance(cfg.heads, str):
             path = shipped_heads_path() if cfg.heads is None else cfg.heads
@@ -69,7 +74,7 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
         if cfg.num_tokens > heads.num_heads:
             raise ValueError(f"invalid speculative config: num_tokens ({cfg.num_tokens}) exceeds the "
                              f"{heads.num_heads} Medusa heads")
-        return MedusaProposer(runner, heads)
+        return MedusaProposer(runner, heads, cfg.tree_template)
     if not cfg.builds_from_target:
         from minillm.spec_decode.draft_model import DraftModelProposer
         from minillm.spec_decode.draft_loading import load_draft

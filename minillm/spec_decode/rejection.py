@@ -80,3 +80,48 @@ def verify_tokens(
         tok = _draw(residual_distribution(p[j], q, x), generator)
         return draft[:j] + [tok], j
     return list(draft) + [_draw(p[d], generator)], d
+
+
+def verify_tree(
+    logits: torch.Tensor,
+    tokens: list[int],
+    parents: list[int],
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+) -> tuple[list[int], list[int]]:
+    """Walk a tree of deterministic guesses from the root (spec_decode/tree.py).
+
+    logits: [1 + N, V]; row 0 scores the token after the root, row 1 + j the token after node j.
+    At each node the target's token is drawn from p; a child guessing it is accepted and the
+    walk goes on from there. Sampled rows test the children one by one (SpecInfer's
+    multi-candidate rule for one-hot q): accept child x with probability p'(x), else remove x
+    from p' and renormalise; with every child rejected draw from what is left. Each emitted
+    token is thereby drawn from p exactly. Returns (tokens to emit, accepted node indices).
+    """
+    kids: dict[int, list[int]] = {}
+    for j, p in enumerate(parents):
+        kids.setdefault(p, []).append(j)
+    probs = None if params.greedy else target_probs(logits.float(), params)
+    path: list[int] = []
+    node = -1
+    while True:
+        row = node + 1
+        options = kids.get(node, [])
+        if probs is None:
+            want = int(logits[row].argmax())
+            nxt = next((c for c in options if tokens[c] == want), None)
+            if nxt is None:
+                return [tokens[c] for c in path] + [want], path
+        else:
+            p = probs[row]
+            nxt = None
+            for c in options:
+                u = float(torch.rand((), generator=generator, device=p.device))
+                if u < acceptance_probability(float(p[tokens[c]]), 1.0):
+                    nxt = c
+                    break
+                p = residual_distribution(p, None, tokens[c])  # rejected: p without it, renormalised
+            if nxt is None:
+                return [tokens[c] for c in path] + [_draw(p, generator)], path
+        path.append(nxt)
+        node = nxt

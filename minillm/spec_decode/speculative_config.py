@@ -9,6 +9,7 @@ import torch
 METHODS = ("ngram", "draft", "medusa")
 DRAFT_MODELS = ("int4", "int8", "self")
 MAX_NUM_TOKENS = 16
+MAX_TREE_NODES = 64
 
 
 @dataclass
@@ -28,6 +29,10 @@ class SpeculativeConfig:
     num_kv_blocks (separate draft): its pool's blocks (default: as many as the target's pool).
     heads (medusa): a heads file from `minillm train-medusa`, or a MedusaHeads module
       (default: the heads shipped for the default model); num_tokens <= its number of heads.
+    tree (medusa): verify a tree of candidates instead of a chain of top-1 guesses (spec_decode/tree.py):
+      widths per depth ([3, 2, 1]: head 1's top-3, under each head 2's top-2, then head 3's top-1)
+      or Medusa-style rank paths ([[0], [1], [0, 0]]). num_tokens becomes the tree's depth;
+      each step reserves one KV slot per node.
     """
 
     method: str
@@ -39,6 +44,18 @@ class SpeculativeConfig:
     quantization: str | None = "auto"
     num_kv_blocks: int | None = None
     heads: Any = None
+    tree: Any = None
+
+    @property
+    def tree_template(self):
+        from minillm.spec_decode.tree import TreeTemplate
+
+        return None if self.tree is None else TreeTemplate.from_spec(self.tree)
+
+    @property
+    def num_lookahead_slots(self) -> int:
+        """KV slots (and batch rows) a verifying sequence reserves: k for a chain, the nodes of a tree."""
+        return self.num_tokens if self.tree is None else self.tree_template.num_nodes
 
     @property
     def builds_from_target(self) -> bool:
@@ -47,6 +64,8 @@ class SpeculativeConfig:
 
     def with_num_tokens(self, k: int) -> "SpeculativeConfig":
         """The same config proposing k tokens per step (validated)."""
+        if self.tree is not None:
+            raise ValueError("a tree's depth sets num_tokens; change the tree instead")
         cfg = replace(self, num_tokens=k)
         cfg.validate()
         return cfg
@@ -59,6 +78,9 @@ class SpeculativeConfig:
             bad(f"method must be one of {METHODS}, got {self.method!r}")
         if not isinstance(self.num_tokens, int) or not (1 <= self.num_tokens <= MAX_NUM_TOKENS):
             bad(f"num_tokens must be an integer in [1, {MAX_NUM_TOKENS}], got {self.num_tokens!r}")
+        if self.tree is not None and self.method != "medusa":
+            bad(f"tree applies to method 'medusa' (its heads rank several candidates per position), "
+                f"not {self.method!r}")
         if self.method == "ngram":
             for name in ("ngram_min", "ngram_max"):
                 v = getattr(self, name)
@@ -69,6 +91,14 @@ class SpeculativeConfig:
         elif self.method == "medusa":
             if self.heads is not None and not isinstance(self.heads, (str, torch.nn.Module)):
                 bad(f"heads must be a path to a Medusa heads file or a MedusaHeads module, got {type(self.heads).__name__}")
+            if self.tree is not None:
+                try:
+                    template = self.tree_template
+                except ValueError as e:
+                    bad(str(e))
+                if template.num_nodes > MAX_TREE_NODES:
+                    bad(f"a tree of {template.num_nodes} nodes; at most {MAX_TREE_NODES}")
+                self.num_tokens = template.depth
         else:
             if self.model is None:
                 self.model = "int4"
