@@ -8,7 +8,7 @@ from torch import nn
 from minillm.models.skinny_linear import MAX_ROWS, SkinnyLinear, use_skinny_linears
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 7, 64, MAX_ROWS, MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 11, 64, MAX_ROWS, MAX_ROWS + 1])
 @pytest.mark.parametrize("bias", [False, True])
 def test_skinny_linear_equals_nn_linear(rows, bias):
     torch.manual_seed(rows)

@@ -1,4 +1,4 @@
-"""The live dashboard: block table, batch timeline and roofline sharing one step cursor.
+"""The live dashboard: block table, batch timeline, roofline (and speculation) sharing one step cursor.
 
     dash = Dashboard(llm)            # or an LLMEngine; requests already added or added later
     dash                             # shows the views and Step / Run / slider
@@ -15,6 +15,7 @@ from minillm.visualize.block_plot import block_table_figure
 from minillm.visualize.controller import StepController
 from minillm.visualize.roofline_plot import roofline_figure
 from minillm.visualize.roofline_view import Roofs
+from minillm.visualize.spec_plot import spec_tree_figure
 from minillm.visualize.timeline_plot import timeline_figure
 from minillm.visualize.widgets import LiveFigure
 
@@ -32,12 +33,20 @@ class Dashboard:
         self.block_table = LiveFigure(lambda s: block_table_figure(self.trace, s))
         self.timeline = LiveFigure(lambda s: timeline_figure(self.trace, s))
         self.roofline = LiveFigure(lambda s: roofline_figure(self.trace, self.roofs, s)) if roofs is not None else None
+        # speculative decoding: each step's guesses as a tree and what the target kept
+        self.spec = None
+        engine = self.controller.engine
+        if (engine is not None and engine.config.speculative is not None) or any(r.spec for r in self.trace):
+            tok = getattr(engine, "tokenizer", None)
+            decode = (lambda t: tok.decode([t])) if tok is not None else None
+            self.spec = LiveFigure(lambda s: spec_tree_figure(self.trace, s, decode))
         self.controller.observe(self._show)
         views = [self.block_table.widget] + ([self.roofline.widget] if self.roofline else [])
         self.widget = w.VBox([
             self.controller.widget,
             w.HBox(views, layout=w.Layout(flex_flow="row wrap")),
             self.timeline.widget,
+            *([self.spec.widget] if self.spec else []),
         ])
         if self.controller.trace:
             self.controller.show(len(self.controller.trace) - 1)
@@ -55,6 +64,8 @@ class Dashboard:
         self.timeline.show(step)
         if self.roofline is not None:
             self.roofline.show(step)
+        if self.spec is not None:
+            self.spec.show(step)
 
     # the controller's verbs, for code cells
     def step(self, n: int = 1) -> int:

@@ -88,7 +88,8 @@ class SpecWorkload:
 class Proposer:
     """A name on the command line: none, ngram, int4, int8, self:N (the target's first N layers),
     draft:MODEL (a separate draft model: a registered name, folder, .gguf file or Hub id),
-    medusa (the default model's shipped heads) or medusa:FILE (heads from `minillm train-medusa`)."""
+    medusa (the default model's shipped heads), medusa:FILE (heads from `minillm train-medusa`) or
+    medusa-tree:3x2x1 (the shipped heads' top-k per head verified as a tree: widths per depth; k is its depth)."""
 
     name: str
 
@@ -107,8 +108,23 @@ class Proposer:
             return {"method": "medusa", "heads": heads, "num_tokens": 1}
         if self.name.startswith("draft:") and self.name[6:].strip():
             return {"method": "draft", "model": self.name[6:].strip(), "num_tokens": 1}
+        if self.tree_widths is not None:
+            return {"method": "medusa", "tree": self.tree_widths}
         raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N, draft:MODEL, "
-                         f"medusa or medusa:FILE")
+                         f"medusa, medusa:FILE or medusa-tree:WxWx..")
+
+    @property
+    def tree_widths(self) -> list[int] | None:
+        head, _, widths = self.name.partition(":")
+        parts = widths.split("x")
+        if head != "medusa-tree" or not all(w.isdigit() and int(w) > 0 for w in parts):
+            return None
+        return [int(w) for w in parts]
+
+    @property
+    def fixed_k(self) -> int | None:
+        """A tree's depth is its k: the sweep over k does not apply."""
+        return None if self.tree_widths is None else len(self.tree_widths)
 
     @property
     def is_draft_model(self) -> bool:
@@ -170,7 +186,12 @@ def run_batch(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> t
 
 
 def configs(proposers: list[str], ks: list[int]) -> list[tuple[str, int]]:
-    return [(p, 0) for p in proposers if p == "none"] + [(p, k) for p in proposers if p != "none" for k in ks]
+    out = [(p, 0) for p in proposers if p == "none"]
+    for p in proposers:
+        if p != "none":
+            fixed = Proposer(p).fixed_k
+            out += [(p, fixed)] if fixed else [(p, k) for k in ks]
+    return out
 
 
 def measure_batch1(engines: dict[str, LLMEngine], workload: SpecWorkload, prompts: list[list[int]], ks: list[int],
@@ -186,7 +207,7 @@ def measure_batch1(engines: dict[str, LLMEngine], workload: SpecWorkload, prompt
             order = cfgs if (r + i) % 2 == 0 else list(reversed(cfgs))
             for name, k in order:
                 e = engines[name]
-                if k:
+                if k and not Proposer(name).fixed_k:
                     e.set_num_speculative_tokens(k)
                 (out,), steps = run_batch(e, [p], workload.output_len)
                 one = RunStats()
@@ -215,7 +236,7 @@ def measure_batch_scaling(engines: dict[str, LLMEngine], workload: SpecWorkload,
     for b in batch_sizes:
         batch = [prompts[i % len(prompts)] for i in range(b)]
         for name, e in engines.items():
-            if e.config.speculative is not None:
+            if e.config.speculative is not None and not Proposer(name).fixed_k:
                 e.set_num_speculative_tokens(k)
             _, steps = run_batch(e, batch, workload.output_len)
             s = RunStats()

@@ -10,6 +10,11 @@ Measured on a 2-core EPYC (AVX-512), SmolLM2's LM head [49152, 576], float32:
     W @ x.T            3.6*   4.4    7.3   15.9 ms   (* one row padded to two: MKL's two-column
                                                        kernel beats its matrix-vector one)
 
+Between 9 and 15 rows MKL's narrow kernels are slower than its 16-column one
+(same machine, median of 25: LM head 10 rows 17.5 ms, 12 rows 20.1 ms, 16 rows
+17.5 ms; the [1536, 576] MLP projection 0.29 / 0.30 / 0.20 ms), so those are
+padded to 16 rows. That is the size of a Medusa tree's verify step.
+
 Values are the same products (each output a dot product over `in`), only the
 kernel differs. Used in eager mode only: a compiled decode step keeps what
 inductor chooses, and other dtypes and devices use F.linear.
@@ -23,6 +28,15 @@ from torch.nn import functional as F
 MAX_ROWS = 512  # measured faster up to 256 rows on every layer shape of the default model
 
 
+def padded_rows(rows: int) -> int:
+    """The row count MKL's fastest kernel for `rows` wants (measured, see the module docstring)."""
+    if rows == 1:
+        return 2
+    if 9 <= rows <= 15:
+        return 16
+    return rows
+
+
 class SkinnyLinear(nn.Linear):
     """nn.Linear whose CPU float32 forward for up to MAX_ROWS rows is W @ x.T."""
 
@@ -33,8 +47,9 @@ class SkinnyLinear(nn.Linear):
                 or torch.compiler.is_compiling()):
             return F.linear(x, self.weight, self.bias)
         x2 = x.reshape(rows, x.shape[-1])
-        if rows == 1:
-            x2 = torch.cat([x2, x2])
+        padded = padded_rows(rows)
+        if padded != rows:
+            x2 = torch.cat([x2, x2.new_zeros(padded - rows, x2.shape[1])])
         y = (self.weight @ x2.t()).t()[:rows].contiguous()
         if self.bias is not None:
             y = y + self.bias

@@ -80,13 +80,17 @@ class MedusaProposer(Proposer):
         if not ready:
             return out  # e.g. a sequence recomputed after preemption: its next step brings a fresh hidden
         h = torch.stack([self.hidden[wants[i][0].seq_id][1] for i in ready])
-        depth = self.tree.depth
-        x = self.heads(h)[:depth]  # [depth, rows, hidden]: only the heads the tree reads
+        sizes = {i: min(wants[i][1], self.tree.num_nodes) for i in ready}  # a short budget takes a prefix
+        depth = max(len(self.tree.paths[n - 1]) for n in sizes.values())  # nodes are listed by depth
+        x = self.heads(h, depth)  # [depth, rows, hidden]: only the heads the proposal reads
         logits = self.runner.model.compute_logits(x.reshape(depth * len(ready), -1))
-        width = max(self.topk)
-        ranked = logits.topk(width, dim=-1).indices.reshape(depth, len(ready), width)
-        ranked = ranked.permute(1, 0, 2).tolist()  # [rows][head][rank]
+        width = max(self.topk[:depth])
+        if width == 1:
+            ranked = logits.argmax(-1, keepdim=True)
+        else:
+            ranked = logits.topk(width, dim=-1).indices
+        ranked = ranked.reshape(depth, len(ready), width).permute(1, 0, 2).tolist()  # [rows][head][rank]
         for j, i in enumerate(ready):
-            n = min(wants[i][1], self.tree.num_nodes)  # a shorter budget takes a prefix: still a tree
+            n = sizes[i]
             out[i] = Proposal(self.tree.tokens(ranked[j], n), None, self.tree.parents(n))
         return out

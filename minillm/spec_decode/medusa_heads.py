@@ -44,9 +44,10 @@ class MedusaHeads(nn.Module):
     def num_heads(self) -> int:
         return len(self.heads)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """h [rows, hidden] (the target's final-norm hidden states) -> [num_heads, rows, hidden]."""
-        return torch.stack([head(h) for head in self.heads])
+    def forward(self, h: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """h [rows, hidden] (the target's final-norm hidden states) -> [num_heads, rows, hidden]
+        (the first num_heads heads; all by default)."""
+        return torch.stack([head(h) for head in self.heads[:num_heads]])
 
     # ----- files ---------------------------------------------------------------------------
     def save(self, path: str | Path, **metadata) -> None:
