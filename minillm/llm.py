@@ -36,8 +36,7 @@ class LLM:
 
             refuse_unguarded_main()
         torch.manual_seed(config.seed)
-        dev = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.loaded = load_model(model, dtype=config.torch_dtype, device=dev)
+        self.loaded = load_model(model, dtype=config.torch_dtype, device=config.torch_device)
         self.quantization_report: dict[str, str] = {}
         if config.quantization is not None or config.quantize_lm_head:
             from minillm.quant.apply import quantize_loaded

@@ -76,6 +76,7 @@ TRACE_CELLS = [
     "dash.show(0)  # what dragging the slider to step 0 does",
 ]
 PANELS = ("minillm-block-table", "minillm-timeline", "minillm-roofline")
+SPEC_PANELS = PANELS + ("minillm-spec",)  # an engine that speculates also shows its guesses
 
 
 def write_notebook(root: Path, name: str, cells: list[str]) -> None:
@@ -183,9 +184,9 @@ class Page:
     def panels(self) -> dict[str, int]:
         return self.page.evaluate(PANEL_TRACES)
 
-    def assert_all_panels_drawn(self, timeout: int = 30_000) -> None:
+    def assert_all_panels_drawn(self, timeout: int = 30_000, expected: tuple[str, ...] = PANELS) -> None:
         """Every view drawn (waiting for a slow page up to `timeout`) and nothing logged as an error."""
-        want = json.dumps(sorted(PANELS))
+        want = json.dumps(sorted(expected))
         try:
             self.page.wait_for_function(
                 f"() => {{ const p = ({PANEL_TRACES})(); const k = Object.keys(p).sort();"
@@ -194,7 +195,7 @@ class Page:
         except PlaywrightTimeout:
             pass  # the assert below says what is missing
         panels = self.panels()
-        assert set(panels) == set(PANELS) and all(panels.values()), panels
+        assert set(panels) == set(expected) and all(panels.values()), panels
         assert not self.errors, self.errors
 
 
@@ -251,20 +252,20 @@ def test_dashboard_after_a_recorded_run_draws_every_panel_and_steps_after_a_reru
             page.locator("button.jupyter-button", has_text="Step").wait_for(timeout=120_000)
             page.wait_for_function(f"({GRAPH_Z})('minillm-timeline') !== null", timeout=60_000)
             page.wait_for_function(KERNEL_IDLE, timeout=120_000)
-            nb.assert_all_panels_drawn()
+            nb.assert_all_panels_drawn(expected=SPEC_PANELS)
             n = nb.steps_drawn()
             assert n > 2  # the earlier run's steps and the dashboard's own
 
             nb.rerun_cell(2)  # a new Dashboard on the same engine; it takes one step
             nb.wait_steps(n + 1)
             page.wait_for_function(KERNEL_IDLE, timeout=120_000)
-            nb.assert_all_panels_drawn()
+            nb.assert_all_panels_drawn(expected=SPEC_PANELS)
             step = page.locator("button.jupyter-button", has_text="Step")
             assert step.count() == 1  # the old output was replaced
             step.click()
             nb.wait_steps(n + 2)
             assert page.locator(".widget-html", has_text=f"step {n + 1} of {n + 1}").count() == 1
-            nb.assert_all_panels_drawn()
+            nb.assert_all_panels_drawn(expected=SPEC_PANELS)
         finally:
             browser.close()
 

@@ -209,3 +209,24 @@ def test_llm_refuses_bad_quantization_options_before_loading_the_model():
         from types import SimpleNamespace
 
         quantize_loaded(SimpleNamespace(source="/some/folder", model=None), "gguf")
+
+
+def test_cuda_path_without_triton_is_an_error_unless_the_fallback_is_asked_for(monkeypatch):
+    """On CUDA a missing Triton kernel must not silently dequantize the whole weight on every call."""
+    import warnings
+
+    from minillm.quant import linear
+
+    monkeypatch.setattr(linear, "_triton_error", lambda: "ImportError: no triton")
+    monkeypatch.delenv(linear.DEQUANT_FALLBACK_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="MINILLM_QUANT_DEQUANT_FALLBACK=1"):
+        linear.cuda_matmul_path()
+    monkeypatch.setenv(linear.DEQUANT_FALLBACK_ENV, "1")
+    monkeypatch.setattr(linear, "_warned_fallback", False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert linear.cuda_matmul_path() == "dequantize"
+        assert linear.cuda_matmul_path() == "dequantize"
+    assert len([w for w in seen if "dequantize their whole weight" in str(w.message)]) == 1  # said once
+    monkeypatch.setattr(linear, "_triton_error", lambda: None)
+    assert linear.cuda_matmul_path() == "triton"

@@ -72,6 +72,11 @@ def test_spec_figure_and_dashboard_panel():
     fig = spec_tree_figure(e.trace, step, decode=lambda t: f"t{t}")
     names = {t.name for t in fig.data}
     assert {"newest token", "guess accepted", "guess rejected", "target's own token"} <= names
-    assert "tree" in fig.layout.title.text
+    assert "tree" in fig.layout.title.text and fig.layout.meta == "minillm-spec"
+    # a step without guesses (the run's last) shows the latest step that had them, and says so
+    last = spec_tree_figure(e.trace, len(e.trace) - 1)
+    assert len(last.data) > 0 and "latest with guesses" in last.layout.title.text or any(
+        x.num_proposed for x in e.trace[-1].spec)
+    assert spec_tree_figure(e.trace, 0).layout.meta == "minillm-spec"  # a prefill: nothing to draw yet
     dash = Dashboard.from_trace(e.trace)
     assert dash.spec is not None and dash.spec.widget in dash.widget.children

@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from minillm.engine.trace import StepTrace
 from minillm.visualize.spec_view import SpecTreeView, spec_tree_view
+from minillm.visualize.trace_index import clamp_step
 from minillm.visualize.widgets import placeholder
 
 NODE_STYLE = {  # kind -> (legend name, colour, symbol)
@@ -16,6 +17,12 @@ NODE_STYLE = {  # kind -> (legend name, colour, symbol)
     "target": ("target's own token", "#b279a2", "diamond"),
 }
 MAX_SEQS = 4  # a tree per sequence; more would not be readable in one panel
+META = "minillm-spec"  # names the panel in the page (the browser tests find views by it)
+
+
+def _named(fig: go.Figure) -> go.Figure:
+    fig.update_layout(meta=META)
+    return fig
 
 
 def spec_traces(view: SpecTreeView) -> list[go.BaseTraceType]:
@@ -49,16 +56,20 @@ def spec_traces(view: SpecTreeView) -> list[go.BaseTraceType]:
 
 def spec_tree_figure(trace: Sequence[StepTrace], step: int | None = None,
                      decode: Callable[[int], str] | None = None) -> go.Figure:
-    """The step's guesses per speculating sequence (up to MAX_SEQS), left to right by position."""
+    """The guesses per speculating sequence (up to MAX_SEQS), left to right by position, at `step` or,
+    when that step verified none (a prefill, the end of a run), at the latest step before it that did."""
     if not trace:
-        return placeholder("no engine steps yet: press Step")
-    view = spec_tree_view(trace, step, decode)
-    if not view.seqs:
-        return placeholder(f"step {view.step}: no sequence verified guesses in this step")
+        return _named(placeholder("no engine steps yet: press Step"))
+    cursor = clamp_step(trace, step)
+    shown = next((i for i in range(cursor, -1, -1) if any(r.num_proposed for r in trace[i].spec)), None)
+    if shown is None:
+        return _named(placeholder(f"step {cursor}: no guesses verified yet"))
+    view = spec_tree_view(trace, shown, decode)
     fig = go.Figure(spec_traces(view))
     acc = ", ".join(f"{t.label} {t.num_accepted}/{t.num_proposed}" for t in view.seqs[:MAX_SEQS])
     kind = "tree" if any(t.is_tree for t in view.seqs) else "chain"
-    fig.update_layout(title=f"Step {view.step}: guesses ({kind}) and what the target kept: accepted/proposed {acc}",
+    when = f"Step {view.step}" if shown == cursor else f"Step {view.step} (the latest with guesses before step {cursor})"
+    fig.update_layout(title=f"{when}: guesses ({kind}) and what the target kept: accepted/proposed {acc}", meta=META,
                       xaxis=dict(title="positions after the newest token", dtick=1, rangemode="tozero"),
                       yaxis=dict(visible=False), height=140 + 26 * sum(1 + max(n.y for n in t.nodes)
                                                                        for t in view.seqs[:MAX_SEQS]),

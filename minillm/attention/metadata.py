@@ -52,6 +52,9 @@ class AttentionMetadata:
     tree_mask: torch.Tensor | None = None
     tree_depth: torch.Tensor | None = None
     tree_seqs: list[bool] | None = None  # which packed sequences carry a tree
+    # a decode-only step whose shapes come from its tensors alone (a captured CUDA graph replays it with
+    # other values in the same buffers): backends then read no Python list and derive no per-step state
+    static_shapes: bool = False
 
     @property
     def num_tokens(self) -> int:

@@ -202,7 +202,7 @@ def forward_quant(
     """The int8/fp8 cache path: quantize on store, dequantize every key and value read."""
     (kq, ks), (vq, vs) = store_kv_quant(k, v, k_cache, v_cache, k_scale, v_scale, meta.slot_mapping)
     bs, kvh, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    if torch.compiler.is_compiling():  # decode-only batches, tensors only (see TorchAttentionBackend)
+    if meta.static_shapes or torch.compiler.is_compiling():  # decode-only, tensors only (see TorchAttentionBackend)
         max_len = meta.block_tables.shape[1] * bs
         slots, mask = decode_gather_slots(meta.block_tables, meta.seq_lens, max_len, bs, masked=True, window=window)
         nd, lens = q.shape[0], None
@@ -275,16 +275,18 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
         k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, window: int | None = None,
     ) -> torch.Tensor:
-        if meta.num_decode_seqs and meta.decode_slots is None and not torch.compiler.is_compiling():
+        static = meta.static_shapes or torch.compiler.is_compiling()
+        if meta.num_decode_seqs and meta.decode_slots is None and not static:
             # a direct caller (a test) that skipped prepare(): derive the step's state now
             self.prepare(meta, k_cache.shape[1], k_cache.shape[2], k_scale is not None)
         if k_scale is not None:  # int8 / fp8 cache: the pool binds each layer's scales (engine/kv_cache.py)
             return forward_quant(q, k, v, k_cache, v_cache, k_scale, v_scale, meta, scale, window)
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         bs = k_cache.shape[1]
-        if torch.compiler.is_compiling():
-            # Under torch.compile the runner only sends decode-only batches; use tensors alone
-            # (no Python lists) so one graph serves every batch size and context length.
+        if static:
+            # Under torch.compile (and in a captured CUDA graph) the runner only sends decode-only
+            # batches; use tensors alone (no Python lists) so one graph serves every batch size and
+            # context length.
             max_len = meta.block_tables.shape[1] * bs
             slots, mask = decode_gather_slots(meta.block_tables, meta.seq_lens, max_len, bs, masked=True,
                                               window=window)

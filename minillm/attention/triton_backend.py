@@ -48,7 +48,9 @@ class TritonAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         nd = meta.num_decode_seqs
         if nd:
-            max_len = max(meta.seq_lens_list[:nd])
+            # a captured decode step reads no list: the longest context its block tables can hold
+            max_len = (meta.block_tables.shape[1] * k_cache.shape[1] if meta.static_shapes
+                       else max(meta.seq_lens_list[:nd]))
             keys = max_len if window is None else min(max_len, window)  # what each program reads at most
             splits = choose_num_splits(nd, k_cache.shape[2], keys, self._sms(q.device))
             paged_decode_attention_split(

@@ -34,7 +34,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 class EngineConfig:
     # --- the model: what LLM and every parallel worker load -------------------------------
     model: str | None = None  # None: the default model (SmolLM2-135M-Instruct); a folder or a .gguf file
-    dtype: str | torch.dtype = "float32"
+    dtype: str | torch.dtype = "auto"  # "auto": bfloat16 on CUDA, float32 elsewhere
     device: str | None = None  # default: cuda when available, else cpu
     seed: int = 0
     quantization: str | None = None  # weight-only: "int8" | "int4" | "int4-awq" | "gguf"
@@ -54,8 +54,11 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     # --- execution ------------------------------------------------------------------------
-    attention_backend: str = "torch"  # "torch" (reference, CPU fast path) or "triton"
+    # "auto": "triton" on CUDA (the kernels in kernels/), "torch" elsewhere (and with compile=True);
+    # "torch" is the reference and the CPU fast path
+    attention_backend: str = "auto"
     compile: bool = False  # decode steps through torch.compile (inductor freezing)
+    cuda_graphs: bool | None = None  # decode steps replayed from CUDA graphs per batch bucket; None: on for CUDA
     speculative: SpeculativeConfig | dict[str, Any] | None = None  # e.g. {"method": "ngram", "num_tokens": 4}
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -80,8 +83,20 @@ class EngineConfig:
         return replace(self, **changes)
 
     @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    @property
     def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
         return resolve_dtype(self.dtype)
+
+    def backend_for(self, device: torch.device) -> str:
+        """The attention backend this engine uses on `device` ("auto" resolved)."""
+        if self.attention_backend != "auto":
+            return self.attention_backend
+        return "triton" if device.type == "cuda" and not self.compile else "torch"
 
     @property
     def world_size(self) -> int:
@@ -93,7 +108,8 @@ class EngineConfig:
         from minillm.attention.kv_quant import resolve_kv_cache_dtype
         from minillm.quant.apply import check_llm_options
 
-        resolve_dtype(self.dtype)
+        if self.dtype != "auto":
+            resolve_dtype(self.dtype)
         resolve_kv_cache_dtype(self.kv_cache_dtype)
         check_llm_options(self.quantization, self.quantization_group_size)
 
@@ -111,14 +127,19 @@ class EngineConfig:
             positive_int(name, optional=True)
         if not (0.0 < self.gpu_memory_utilization <= 1.0):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"unknown attention_backend {self.attention_backend!r} (choose one of {ATTENTION_BACKENDS})")
+        if self.attention_backend not in ATTENTION_BACKENDS + ("auto",):
+            raise ValueError(f"unknown attention_backend {self.attention_backend!r} "
+                             f"(choose one of {ATTENTION_BACKENDS} or 'auto')")
         if self.prefix_caching_hash_algo not in PREFIX_HASH_ALGOS:
             raise ValueError(f"prefix_caching_hash_algo must be one of {PREFIX_HASH_ALGOS}, "
                              f"got {self.prefix_caching_hash_algo!r}")
         # combinations (the one place they are checked)
-        if self.compile and self.attention_backend != "torch":
+        if self.compile and self.attention_backend not in ("torch", "auto"):
             raise ValueError("compile=True is implemented for the torch attention backend")
+        if self.cuda_graphs not in (None, True, False):
+            raise ValueError(f"cuda_graphs must be True, False or None (on for CUDA), got {self.cuda_graphs!r}")
+        if self.cuda_graphs and self.compile:
+            raise ValueError("cuda_graphs=True and compile=True are two ways to speed decode up; choose one")
         if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
             raise ValueError("tensor_parallel_size > 1 and pipeline_parallel_size > 1 do not combine")
         if self.world_size > 1:

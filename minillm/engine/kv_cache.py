@@ -60,9 +60,10 @@ def plan_kv_cache(model, config: EngineConfig, device: torch.device) -> KVCacheP
 class KVCachePool:
     """The K/V tensors of every layer (and their scales when quantized)."""
 
-    def __init__(self, cfg: ModelConfig, plan: KVCachePlan, device: torch.device) -> None:
+    def __init__(self, cfg: ModelConfig, plan: KVCachePlan, device: torch.device, scratch_blocks: int = 0) -> None:
+        """scratch_blocks: blocks after the plan's that no sequence owns (CUDA graphs' padding rows write there)."""
         self.plan = plan
-        shape = (plan.num_blocks, plan.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (plan.num_blocks + scratch_blocks, plan.block_size, cfg.num_key_value_heads, cfg.head_dim)
         layers = range(cfg.num_hidden_layers)
         # one K and one V tensor per layer (a single big tensor sliced per layer gets
         # copied whole by torch.compile at every layer)

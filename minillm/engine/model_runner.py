@@ -14,6 +14,7 @@ from minillm.attention.registry import make_attention_backend
 from minillm.engine.batch import StepBatch
 from minillm.engine.compile import frozen_compile, mark_pool_static
 from minillm.engine.config import EngineConfig
+from minillm.engine.cuda_graphs import DecodeGraphs
 from minillm.engine.executor import Executor
 from minillm.engine.kv_cache import KVCachePlan, KVCachePool, plan_kv_cache
 from minillm.models.llama import LlamaForCausalLM
@@ -21,8 +22,20 @@ from minillm.models.skinny_linear import use_skinny_linears
 from minillm.quant.linear import QuantLinear
 
 
+def use_cuda_graphs(config: EngineConfig, device: torch.device) -> bool:
+    """config.cuda_graphs, where None means: on for a CUDA device unless torch.compile does the job."""
+    if config.cuda_graphs is None:
+        return device.type == "cuda" and not config.compile
+    if config.cuda_graphs and device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device; this engine runs on {device.type}")
+    return config.cuda_graphs
+
+
 class ModelRunner(Executor):
-    def __init__(self, model: LlamaForCausalLM, config: EngineConfig, plan: KVCachePlan | None = None) -> None:
+    def __init__(self, model: LlamaForCausalLM, config: EngineConfig, plan: KVCachePlan | None = None,
+                 graphs: bool | None = None) -> None:
+        """graphs: decode through CUDA graphs (engine/cuda_graphs.py); None follows config.cuda_graphs.
+        graphs=True on a CPU runs the graphs' buffers and padding without capture (for tests)."""
         self.model = model
         self.device = model.embed_tokens.weight.device
         self.plan = plan or plan_kv_cache(model, config, self.device)
@@ -35,9 +48,17 @@ class ModelRunner(Executor):
                 # eager: few-row products as W @ x.T (models/skinny_linear.py): faster decode, and
                 # verify steps and small batches stop costing a decode step per row
                 use_skinny_linears(model)
-        self.backend = make_attention_backend(config.attention_backend)
-        self.pool = KVCachePool(model.config, self.plan, self.device)
+        self.backend = make_attention_backend(config.backend_for(self.device))
+        graphs = use_cuda_graphs(config, self.device) if graphs is None else graphs
+        self.pool = KVCachePool(model.config, self.plan, self.device, scratch_blocks=1 if graphs else 0)
         self.attach()
+        self.decode_graphs: DecodeGraphs | None = None
+        if graphs:
+            max_len = min(config.max_model_len or model.config.max_position_embeddings, model.rotary.cos.shape[0])
+            # the block after the plan's is scratch: the graphs' padding rows write their K/V there
+            self.decode_graphs = DecodeGraphs(model, self.plan.block_size, max_len, config.max_num_seqs,
+                                              self.plan.num_blocks, self.device, capture=self.device.type == "cuda")
+            self.decode_graphs.capture()
         self.compiled_decode = None
         self.compiled_logits = None
         self.last_hidden: torch.Tensor | None = None  # final hidden states of the last step's logit rows
@@ -61,14 +82,19 @@ class ModelRunner(Executor):
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> torch.Tensor | None:
         self.attach()
-        meta = batch.attention_metadata(self.plan.block_size, self.device)
-        forward = self.model.forward
-        if self.compiled_decode is not None and batch.is_decode_only:
-            forward = self.compiled_decode  # derives its decode indices in-graph
-        else:
-            self.backend.prepare(meta, self.plan.block_size, self.model.config.num_key_value_heads, self.plan.quantized)
         dev = self.device
-        hidden = forward(torch.tensor(batch.token_ids, device=dev), torch.tensor(batch.positions, device=dev), meta)
+        if self.decode_graphs is not None and self.decode_graphs.fits(batch):
+            hidden = self.decode_graphs.run(batch)  # a replay: the batch padded to its bucket
+        else:
+            meta = batch.attention_metadata(self.plan.block_size, self.device)
+            forward = self.model.forward
+            if self.compiled_decode is not None and batch.is_decode_only:
+                forward = self.compiled_decode  # derives its decode indices in-graph
+            else:
+                self.backend.prepare(meta, self.plan.block_size, self.model.config.num_key_value_heads,
+                                     self.plan.quantized)
+            hidden = forward(torch.tensor(batch.token_ids, device=dev), torch.tensor(batch.positions, device=dev),
+                             meta)
         if not batch.logit_rows:
             return None
         compute_logits = self.model.compute_logits

@@ -8,6 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from minillm.config import ModelConfig
+from minillm.models import fused
 
 
 class RMSNorm(nn.Module):
@@ -34,6 +35,8 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if not self.unit_offset and fused.use_fused(x):  # CUDA: the Triton kernel (models/fused.py)
+            return fused.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         residual = x + residual
@@ -100,6 +103,8 @@ class RotaryEmbedding(nn.Module):
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [tokens, heads, head_dim]; rotates each (x1, x2) half-pair by the token's angle."""
+        if fused.use_fused(x):  # CUDA: the Triton kernel, fp32 math and one rounding (models/fused.py)
+            return fused.rope(x, cos, sin)
         # in x's dtype, as transformers does (for bf16: the same roundings, half the bytes of an fp32 detour)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)

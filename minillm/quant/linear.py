@@ -21,6 +21,9 @@ Two storage layouts per format:
 """
 from __future__ import annotations
 
+import os
+import warnings
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -138,14 +141,14 @@ class QuantLinear(nn.Module):
             else:
                 y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.qweight, self.group_size, self.scale_zeros)
             y = y if y.dtype == x.dtype else y.to(x.dtype)
-        elif x2.is_cuda and _triton_ok():
+        elif x2.is_cuda and cuda_matmul_path() == "triton":
             from minillm.kernels.quant_matmul import w4a16_matmul, w8a16_matmul
 
             if self.bits == 8:
                 y = w8a16_matmul(x2, self.qweight, self.scales)
             else:
                 y = w4a16_matmul(x2, self.qweight, self.scale_zeros, self.group_size)
-        else:
+        else:  # the reference layout off CUDA, or CUDA with the fallback chosen explicitly
             y = F.linear(x2, self.dequantize().to(x2.dtype))
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
@@ -171,9 +174,33 @@ def _int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> 
     return y.to(x.dtype)
 
 
-def _triton_ok() -> bool:
+DEQUANT_FALLBACK_ENV = "MINILLM_QUANT_DEQUANT_FALLBACK"
+_warned_fallback = False
+
+
+def _triton_error() -> str | None:
+    """Why the Triton dequant-matmul kernels cannot be used here, or None when they can."""
     try:
         import minillm.kernels.quant_matmul  # noqa: F401
-    except Exception:
-        return False
-    return True
+    except Exception as e:  # no triton, or a triton that cannot build for this GPU
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def cuda_matmul_path() -> str:
+    """How a quantized layer multiplies on CUDA: "triton" (the fused dequant-matmul kernels), or
+    "dequantize" (the whole weight dequantized on every call: many times slower) only when
+    MINILLM_QUANT_DEQUANT_FALLBACK=1 asks for it; otherwise a missing kernel is an error."""
+    global _warned_fallback
+    err = _triton_error()
+    if err is None:
+        return "triton"
+    if os.environ.get(DEQUANT_FALLBACK_ENV) == "1":
+        if not _warned_fallback:
+            warnings.warn(f"quantized layers on CUDA dequantize their whole weight on every call "
+                          f"(the Triton kernels are unavailable: {err})", RuntimeWarning, stacklevel=3)
+            _warned_fallback = True
+        return "dequantize"
+    raise RuntimeError(f"the Triton dequant-matmul kernels for quantized layers on CUDA are unavailable ({err}); "
+                       f"install a Triton that supports this GPU, or set {DEQUANT_FALLBACK_ENV}=1 to dequantize "
+                       f"the whole weight on every call (slow)")
