@@ -48,13 +48,61 @@ def plan_kv_cache(model, config: EngineConfig, device: torch.device) -> KVCacheP
     elif config.kv_cache_memory_bytes is not None:
         n = config.kv_cache_memory_bytes // per_block
     elif device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        n = int(free * config.gpu_memory_utilization) // per_block
+        peak = measure_activation_peak(model, config, device)  # first: it frees what it allocated
+        free, total = torch.cuda.mem_get_info(device)
+        n = gpu_kv_budget_bytes(total, free, config.gpu_memory_utilization, peak) // per_block
     else:
         n = DEFAULT_CPU_KV_BYTES // per_block
     if n < 1:
         raise ValueError(f"KV cache budget holds no block of {per_block} bytes; raise kv_cache_memory_bytes")
     return KVCachePlan(int(n), config.block_size, dtype, per_block)
+
+
+def gpu_kv_budget_bytes(total: int, free: int, utilization: float, activation_peak: int) -> int:
+    """Bytes left for the KV pool: `utilization` of the device, less what is in use now (this
+    process's weights and CUDA context, and any other process) and the largest step's activations."""
+    budget = int(total * utilization) - (total - free) - activation_peak
+    if budget <= 0:
+        raise ValueError(
+            f"no room for a KV cache: gpu_memory_utilization {utilization} of {total / 2**30:.1f} GiB leaves "
+            f"{(int(total * utilization) - (total - free)) / 2**30:.2f} GiB after the {(total - free) / 2**30:.1f} GiB "
+            f"in use, and the largest step needs {activation_peak / 2**30:.2f} GiB of activations; raise "
+            f"gpu_memory_utilization, lower max_num_batched_tokens, or set kv_cache_memory_bytes")
+    return budget
+
+
+@torch.inference_mode()
+def measure_activation_peak(model, config: EngineConfig, device: torch.device) -> int:
+    """Peak bytes a step of max_num_batched_tokens prefill tokens allocates beyond the weights (CUDA).
+
+    One profile forward, as vLLM does: the step's tokens as one prompt through a throwaway pool just
+    big enough, and logits for max_num_seqs rows (the sampler's largest tensor)."""
+    from minillm.attention.metadata import AttentionMetadata
+    from minillm.attention.registry import make_attention_backend
+
+    cfg = model.config
+    tokens = max(1, min(config.max_num_batched_tokens, model.rotary.cos.shape[0]))
+    blocks = -(-tokens // config.block_size)
+    dtype = resolve_kv_cache_dtype(config.kv_cache_dtype) or model.embed_tokens.weight.dtype
+    per_block = kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype) * config.block_size
+    plan = KVCachePlan(blocks, config.block_size, dtype, per_block)
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    pool = KVCachePool(cfg, plan, device)
+    backend = make_attention_backend(config.backend_for(device))
+    pool.bind(model, backend)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    meta = AttentionMetadata.build([tokens], [tokens], [list(range(blocks))], config.block_size, device)
+    backend.prepare(meta, config.block_size, cfg.num_key_value_heads, plan.quantized)
+    ids = torch.randint(0, cfg.vocab_size, (tokens,), device=device)
+    hidden = model(ids, torch.arange(tokens, device=device), meta)
+    model.compute_logits(hidden[-min(tokens, config.max_num_seqs):])
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del pool, hidden, meta
+    torch.cuda.empty_cache()
+    return int(peak)
 
 
 class KVCachePool:

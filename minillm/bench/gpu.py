@@ -1,0 +1,341 @@
+"""The engine on one GPU, end to end, in one run: ``python -m minillm.bench.gpu --json out.json``.
+
+Prepared for a short loan of a GPU machine (issue 18): it needs nothing but torch,
+triton and transformers, and no model file (the default model's GGUF does not
+travel). Models are built with random weights in two shapes -- the default model's
+(SmolLM2-135M) and a Llama-3.2-1B-like one -- as a transformers LlamaForCausalLM,
+and minillm loads the same tensors, so both systems run identical weights.
+
+1. kernels: every Triton kernel against its PyTorch reference on the GPU (fp32,
+   fp16, bf16; int8 and fp8 KV caches; the int8/int4 dequant matmuls), then timed:
+   paged decode GB/s against the device's measured copy bandwidth (batch x context),
+   varlen prefill against SDPA at 1k/4k/16k, dequant matmuls against bf16 F.linear;
+2. engine: greedy tokens of the triton backend against the torch backend and against
+   transformers; batch-1 decode with and without CUDA graphs; the throughput workload
+   (64 requests, 128 prompt + 128 output tokens) against transformers generate;
+3. one JSON with every figure, the device, driver and versions.
+
+``--smoke`` runs every part at toy sizes on whatever device there is (CPU in CI: the
+Triton parts under the interpreter, no CUDA graphs), so the script is known to run
+before a GPU is ever lent.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+TARGETS = {  # issue 18, on an H200 (measured here, not asserted in tests)
+    "paged_decode_frac_of_copy_bw": 0.70,  # batch >= 32, context >= 2k
+    "prefill_vs_sdpa_4k_max_slowdown": 1.6,
+    "cuda_graphs_speedup_1b": 2.0,
+    "throughput_vs_transformers": 3.0,
+}
+
+SHAPES = {
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                         rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5),
+    "llama-3.2-1b-like": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                              num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                              max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=True,
+                              rms_norm_eps=1e-5),
+}
+SMOKE_SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0,
+                   tie_word_embeddings=True, rms_norm_eps=1e-5)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> tuple[float, Any]:
+    """Median seconds of `repeats` calls (after one warm-up), and the last result."""
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        out = fn()
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+# ----- 1. kernels ---------------------------------------------------------------------------
+def kernel_checks(device: str, smoke: bool) -> list[dict]:
+    """check_all (float caches) plus the int8 / fp8 caches and the dequant matmuls."""
+    from minillm.kernels.bench import check_all
+    from minillm.kernels.paged_decode import paged_decode_attention, paged_decode_attention_ref
+    from minillm.kernels.prefill import prefill_attention, prefill_attention_ref
+    from minillm.kernels.quant_matmul import w4a16_matmul, w4a16_matmul_ref, w8a16_matmul, w8a16_matmul_ref
+    from minillm.kernels.testing import make_paged_workload, max_err, quantize_workload
+    from minillm.quant.int4 import quantize_int4
+    from minillm.quant.int8 import quantize_int8
+
+    dtypes = (torch.float32, torch.bfloat16) if smoke else (torch.float32, torch.float16, torch.bfloat16)
+    rows = check_all(device, dtypes=dtypes, small=smoke)
+    h, kvh, d, bs = (4, 2, 32, 16) if smoke else (32, 8, 128, 16)
+    lens = [1, 40, 77] if smoke else [1, 300, 2049]
+    for kv in (torch.int8, torch.float8_e4m3fn):
+        w = make_paged_workload([1] * len(lens), lens, h, kvh, d, bs, torch.bfloat16, seed=2, device=device)
+        kc, vc, ks, vs = quantize_workload(w, kv)
+        s = d**-0.5
+        ref = paged_decode_attention_ref(w.q, kc, vc, w.block_tables, w.seq_lens, s, k_scale=ks, v_scale=vs)
+        out = paged_decode_attention(w.q, kc, vc, w.block_tables, w.seq_lens, s, k_scale=ks, v_scale=vs)
+        rows.append({"kernel": "paged_decode", "dtype": f"bfloat16, {str(kv)[6:]} KV", "max_abs_err": max_err(out, ref),
+                     "tol": 3e-2})
+        ql = [3, 20, 30] if smoke else [17, 300, 129]
+        pl = [3, 50, 60] if smoke else [17, 600, 2049]
+        w = make_paged_workload(ql, pl, h, kvh, d, bs, torch.bfloat16, seed=3, device=device)
+        kc, vc, ks, vs = quantize_workload(w, kv)
+        args = (w.q, kc, vc, w.cu_seqlens_q, w.seq_lens, w.block_tables, s)
+        err = max_err(prefill_attention(*args, k_scale=ks, v_scale=vs),
+                      prefill_attention_ref(*args, k_scale=ks, v_scale=vs))
+        rows.append({"kernel": "prefill", "dtype": f"bfloat16, {str(kv)[6:]} KV", "max_abs_err": err, "tol": 3e-2})
+    n, k = (64, 128) if smoke else (4096, 4096)
+    wt = torch.randn(n, k, device=device) * 0.02
+    for m in (1, 16):
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        q8 = quantize_int8(wt)
+        q8w, q8s = q8.qweight.to(device), q8.scales.to(device)
+        rows.append({"kernel": "w8a16_matmul", "dtype": f"bfloat16, M={m}", "tol": 3e-2,
+                     "max_abs_err": max_err(w8a16_matmul(x, q8w, q8s), w8a16_matmul_ref(x, q8w, q8s))})
+        q4 = quantize_int4(wt, 32)
+        q4w, q4s = q4.qweight.to(device), q4.scale_zeros.to(device)
+        rows.append({"kernel": "w4a16_matmul", "dtype": f"bfloat16, M={m}", "tol": 3e-2,
+                     "max_abs_err": max_err(w4a16_matmul(x, q4w, q4s, 32), w4a16_matmul_ref(x, q4w, q4s, 32))})
+    for r in rows:
+        r["ok"] = r["max_abs_err"] <= r["tol"]
+    return rows
+
+
+def kernel_timings(device: str) -> dict[str, Any]:
+    """GPU only: roofs, then paged decode, prefill vs SDPA, store, norms and dequant matmuls."""
+    import triton.testing
+
+    from minillm.kernels import kv_store, paged_decode, prefill, rmsnorm, rope
+    from minillm.kernels._common import measure_roofs
+    from minillm.kernels.quant_matmul import w4a16_matmul, w8a16_matmul
+    from minillm.quant.int4 import quantize_int4
+    from minillm.quant.int8 import quantize_int8
+
+    roofs = measure_roofs(device)
+    decode = [paged_decode.perf_report(batch=b, ctx=c, roofs=roofs)
+              for b in (1, 8, 32, 64) for c in (1024, 4096, 16384) if b * c <= 64 * 16384]
+    pre = [prefill.perf_report(seq_len=L, roofs=roofs) for L in (1024, 4096, 16384)]
+    other = [kv_store.perf_report(roofs=roofs), rmsnorm.perf_report(roofs=roofs), rope.perf_report(roofs=roofs)]
+    matmuls = []
+    for n, k in ((4096, 4096), (14336, 4096)):
+        wt = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
+        q8, q4 = quantize_int8(wt.float()), quantize_int4(wt.float(), 32)
+        q8w, q8s = q8.qweight.to(device), q8.scales.to(device)
+        q4w, q4s = q4.qweight.to(device), q4.scale_zeros.to(device)
+        for m in (1, 16, 256):
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            base = triton.testing.do_bench(lambda: torch.nn.functional.linear(x, wt))
+            i8 = triton.testing.do_bench(lambda: w8a16_matmul(x, q8w, q8s))
+            i4 = triton.testing.do_bench(lambda: w4a16_matmul(x, q4w, q4s, 32))
+            matmuls.append({"N": n, "K": k, "M": m, "bf16_linear_ms": base, "int8_ms": i8, "int4_ms": i4,
+                            "int8_speedup": base / i8, "int4_speedup": base / i4})
+    big = [r for r in decode if r["shape"]["B"] >= 32 and r["shape"]["ctx"] >= 2048]
+    p4k = next(r for r in pre if r["shape"]["L"] == 4096)
+    return {"roofs": roofs, "paged_decode": decode, "prefill": pre, "other": other, "dequant_matmul": matmuls,
+            "targets": {"paged_decode_frac_of_copy_bw": min((r["frac_of_copy_bw"] for r in big), default=None),
+                        "prefill_vs_sdpa_4k_slowdown": 1 / p4k["frac_of_sdpa"] if p4k.get("frac_of_sdpa") else None}}
+
+
+# ----- 2. the engine on random-weight models ------------------------------------------------
+def build_pair(shape: dict, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """A transformers Llama with random weights, and minillm's model loaded from the same tensors."""
+    from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
+
+    from minillm.config import ModelConfig
+    from minillm.models.llama import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    hf_cfg = LlamaConfig(**shape, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    hf = HFLlama(hf_cfg).to(device=device, dtype=dtype).eval()
+    cfg = ModelConfig(**shape)
+    model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+    written = {w.split("[")[0] for w in model.load_weights((n, t) for n, t in hf.state_dict().items())}
+    missing = {n for n, _ in model.named_parameters()} - written  # a fused qkv / gate_up counts once written
+    if missing:
+        raise RuntimeError(f"parameters not loaded from the transformers model: {sorted(missing)[:5]}")
+    return hf, model
+
+
+def engine(model, backend: str, graphs: bool, max_num_seqs: int, kv_bytes: int, device: torch.device):
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm_engine import LLMEngine
+
+    return LLMEngine(model, None, [], EngineConfig(
+        device=str(device), attention_backend=backend, cuda_graphs=graphs if device.type == "cuda" else False,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=8192, kv_cache_memory_bytes=kv_bytes,
+        enable_prefix_caching=False, max_model_len=1024))
+
+
+def run_greedy(e, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float, list]:
+    from minillm.sampling_params import SamplingParams
+
+    first = len(e.trace)
+    for i, p in enumerate(prompts):
+        e.add_request(f"g{first}-{i}", p, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    done: dict[str, list[int]] = {}
+    t = time.perf_counter()
+    while e.has_unfinished_requests():
+        for out in e.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    sync(e.executor.device)
+    wall = time.perf_counter() - t
+    return [done[f"g{first}-{i}"] for i in range(len(prompts))], wall, e.trace[first:]
+
+
+def hf_greedy(hf, prompts: list[list[int]], max_tokens: int, device: torch.device) -> tuple[list[list[int]], float]:
+    ids = torch.tensor(prompts, device=device)  # equal lengths: no padding, so no attention mask games
+    sync(device)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                          do_sample=False, pad_token_id=0)
+    sync(device)
+    return out[:, ids.shape[1]:].tolist(), time.perf_counter() - t
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
+    """Fraction of sequences identical, and the mean position of the first difference (random weights: near-ties)."""
+    same = sum(x == y for x, y in zip(a, b))
+    first = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(x)) for x, y in zip(a, b)]
+    return {"identical": same / len(a), "mean_first_difference": statistics.mean(first), "tokens": len(a[0])}
+
+
+def decode_tok_per_s(steps) -> float:
+    dec = [s for s in steps if s.num_prefill_tokens == 0 and s.new_tokens]
+    return sum(len(n.token_ids) for s in dec for n in s.new_tokens) / max(1e-9, sum(s.duration_s for s in dec))
+
+
+def engine_checks(name: str, shape: dict, device: torch.device, smoke: bool) -> dict[str, Any]:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    log(f"{name}: building the transformers model and minillm's copy ({dtype})")
+    hf, model = build_pair(shape, device, dtype)
+    vocab = shape["vocab_size"]
+    g = torch.Generator().manual_seed(1)
+    kv_bytes = (64 << 20) if smoke else (16 << 30)
+    short = [torch.randint(3, vocab, (16,), generator=g).tolist() for _ in range(4)]
+    n_tok = 8 if smoke else 32
+    res: dict[str, Any] = {"shape": shape, "dtype": str(dtype)}
+    outs = {}
+    for backend in ("torch", "triton"):
+        e = engine(model, backend, False, 8, kv_bytes, device)
+        outs[backend], _, _ = run_greedy(e, short, n_tok)
+        e.close()
+    outs["transformers"], _ = hf_greedy(hf, short, n_tok, device)
+    res["greedy_agreement"] = {"triton_vs_torch": agreement(outs["triton"], outs["torch"]),
+                               "torch_vs_transformers": agreement(outs["torch"], outs["transformers"])}
+    # batch-1 decode: eager vs CUDA graphs (the triton backend)
+    n_dec = 16 if smoke else 128
+    one = [short[0]]
+    speeds = {}
+    for label, graphs in (("eager", False), ("cuda_graphs", True)):
+        if graphs and device.type != "cuda":
+            continue
+        e = engine(model, "triton", graphs, 8, kv_bytes, device)
+        run_greedy(e, one, 4)  # warm-up
+        runs = [decode_tok_per_s(run_greedy(e, one, n_dec)[2]) for _ in range(3)]
+        speeds[label] = statistics.median(runs)
+        if graphs:
+            res["graph_buckets"] = e.executor.decode_graphs.buckets
+        e.close()
+    res["batch1_decode_tok_per_s"] = speeds
+    if "cuda_graphs" in speeds:
+        res["cuda_graphs_speedup"] = speeds["cuda_graphs"] / speeds["eager"]
+    # the throughput workload: N requests, equal prompts and outputs, all at once
+    n_req, p_len, o_len = (4, 16, 8) if smoke else (64, 128, 128)
+    prompts = [torch.randint(3, vocab, (p_len,), generator=g).tolist() for _ in range(n_req)]
+    e = engine(model, "triton", None if device.type == "cuda" else False, n_req, kv_bytes, device)
+    run_greedy(e, prompts[:2], 4)  # warm-up
+    _, wall, _ = run_greedy(e, prompts, o_len)
+    e.close()
+    hf_greedy(hf, prompts[:2], 4, device)  # warm-up
+    _, hf_wall = hf_greedy(hf, prompts, o_len, device)
+    res["throughput"] = {"requests": n_req, "prompt_len": p_len, "output_len": o_len,
+                         "minillm_output_tok_per_s": n_req * o_len / wall,
+                         "transformers_output_tok_per_s": n_req * o_len / hf_wall, "ratio": hf_wall / wall}
+    del hf, model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+# ----- 3. the report ------------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    import triton
+    import transformers
+
+    info = {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+            "triton": triton.__version__, "transformers": transformers.__version__}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(device=torch.cuda.get_device_name(0), sms=p.multi_processor_count,
+                    memory_GiB=round(p.total_memory / 2**30, 1), cuda=torch.version.cuda,
+                    capability=f"{p.major}.{p.minor}")
+        try:
+            import subprocess
+
+            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=20).stdout.strip()
+        except Exception as e:  # no nvidia-smi: say so rather than guess
+            info["driver"] = f"unknown ({type(e).__name__})"
+    else:
+        info["device"] = "cpu"
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="minillm on one GPU: kernels, engine, peers; one JSON")
+    ap.add_argument("--json", default="gpu_report.json")
+    ap.add_argument("--smoke", action="store_true", help="toy sizes on any device (CI: CPU, Triton interpreter)")
+    ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and not args.smoke:
+        print("no CUDA device: run with --smoke for the toy run, or on a GPU machine", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    report: dict[str, Any] = {"machine": machine(), "smoke": args.smoke, "targets": TARGETS}
+    log("kernel checks")
+    report["kernel_checks"] = kernel_checks(str(device), args.smoke)
+    if device.type == "cuda" and not args.smoke:
+        log("kernel timings")
+        report["kernel_timings"] = kernel_timings(str(device))
+    shapes = {"smoke": SMOKE_SHAPE} if args.smoke else {n: SHAPES[n] for n in args.shapes}
+    report["engine"] = {}
+    for name, shape in shapes.items():
+        report["engine"][name] = engine_checks(name, shape, device, args.smoke)
+        log(f"{name}: {json.dumps({k: v for k, v in report['engine'][name].items() if k != 'shape'}, default=str)}")
+    report["seconds"] = time.time() - t0
+    bad = [r for r in report["kernel_checks"] if not r["ok"]]
+    report["all_kernel_checks_ok"] = not bad
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    for r in bad:
+        log(f"FAIL {r['kernel']} {r['dtype']}: max abs err {r['max_abs_err']:.3g} > {r['tol']}")
+    log(f"wrote {args.json} in {report['seconds']:.0f} s")
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

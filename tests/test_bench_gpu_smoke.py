@@ -1,0 +1,46 @@
+"""The prepared GPU check (minillm/bench/gpu.py) runs end to end here at toy sizes, so a GPU loan is not spent on a crash."""
+import json
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def test_gpu_script_smoke_run_writes_every_section(tmp_path):
+    pytest.importorskip("transformers")
+    from minillm.bench import gpu
+
+    out = tmp_path / "gpu.json"
+    assert gpu.main(["--smoke", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["all_kernel_checks_ok"] and rep["machine"]["torch"] == torch.__version__
+    kernels = {r["kernel"] for r in rep["kernel_checks"]}
+    assert {"paged_decode", "prefill", "store_kv_cache", "w8a16_matmul", "w4a16_matmul"} <= kernels
+    assert any("int8 KV" in r["dtype"] for r in rep["kernel_checks"])
+    e = rep["engine"]["smoke"]
+    # the same random weights in both systems: float32 greedy tokens agree
+    assert e["greedy_agreement"]["triton_vs_torch"]["identical"] == 1.0
+    assert e["greedy_agreement"]["torch_vs_transformers"]["identical"] == 1.0
+    assert e["throughput"]["minillm_output_tok_per_s"] > 0 and e["throughput"]["transformers_output_tok_per_s"] > 0
+
+
+def test_gpu_script_refuses_a_full_run_without_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    from minillm.bench import gpu
+
+    assert gpu.main(["--json", "/dev/null"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_kv_budget_leaves_room_for_weights_and_activations():
+    from minillm.engine.kv_cache import gpu_kv_budget_bytes
+
+    gib = 2**30
+    # 140 GiB device, 0.9 of it, 3 GiB in use (weights, context), a 2 GiB activation peak
+    assert gpu_kv_budget_bytes(140 * gib, 137 * gib, 0.9, 2 * gib) == int(140 * gib * 0.9) - 3 * gib - 2 * gib
+    with pytest.raises(ValueError, match="no room for a KV cache"):
+        gpu_kv_budget_bytes(16 * gib, 2 * gib, 0.9, 1 * gib)
