@@ -28,7 +28,7 @@ from minillm.models.standalone import forward_logits  # noqa: E402
 from minillm.sampling_params import SamplingParams  # noqa: E402
 from minillm.spec_decode.rejection import verify_tree  # noqa: E402
 from minillm.spec_decode.tree import (  # noqa: E402
-    TreeTemplate, ancestor_mask, chain_parents, check_parents, node_depths, path_kv_moves,
+    TreeTemplate, ancestor_mask, chain_parents, node_depths, path_kv_moves,
 )
 from tests.helpers.engine_utils import tiny_model  # noqa: E402
 
@@ -49,10 +49,10 @@ def test_template_from_widths_and_paths():
     t = TreeTemplate.from_spec([3, 2, 1])
     assert t.num_nodes == 3 + 6 + 6 and t.depth == 3 and t.topk_per_head() == [3, 2, 1]
     parents = t.parents()
-    check_parents(parents)
+    assert all(-1 <= p < j for j, p in enumerate(parents))  # parents come before their children
     assert node_depths(parents) == [1] * 3 + [2] * 6 + [3] * 6
     # a prefix of the node list is a tree too (a short budget takes one)
-    check_parents(t.parents(5))
+    assert all(-1 <= p < j for j, p in enumerate(t.parents(5)))
     explicit = TreeTemplate.from_spec([[1, 0], [0], [1], [0, 0]])
     assert explicit.paths == ((0,), (1,), (0, 0), (1, 0))  # sorted parents first
     assert explicit.parents() == [-1, -1, 0, 1]

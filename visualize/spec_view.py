@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from minillm.engine.trace import StepTrace
+from minillm.spec_decode.tree import chain_parents, children, node_depths
 from minillm.visualize.trace_index import clamp_step, seq_infos
 
 
@@ -54,21 +55,15 @@ def spec_tree_view(trace: Sequence[StepTrace], step: int | None = None,
     for r in rec.spec:
         if not r.num_proposed:
             continue
-        parents = list(r.draft_parents) if r.draft_parents else list(range(-1, r.num_proposed - 1))
+        parents = list(r.draft_parents) if r.draft_parents else chain_parents(r.num_proposed)
         path = list(r.accepted_nodes) if r.draft_parents else list(range(r.num_accepted))
-        kids: dict[int, list[int]] = {}
-        for j, p in enumerate(parents):
-            kids.setdefault(p, []).append(j)
-        depth = {-1: 0}
-        for j, p in enumerate(parents):
-            depth[j] = depth[p] + 1
         n = len(parents)
-        target = None
+        tip = path[-1] if path else -1
         out = emitted.get(r.seq_id, ())
-        if len(out) == len(path) + 1:  # not cut short by a stop condition
-            target = out[-1]
-            kids.setdefault(path[-1] if path else -1, []).append(n)
-            depth[n] = depth[path[-1] if path else -1] + 1
+        target = out[-1] if len(out) == len(path) + 1 else None  # None: cut short by a stop condition
+        drawn = parents + ([tip] if target is not None else [])  # the target's token hangs at the path's end
+        kids = children(drawn)
+        depth = {-1: 0, **dict(enumerate(node_depths(drawn)))}
         ys: dict[int, float] = {}
         leaf = [0]
 
@@ -88,7 +83,7 @@ def spec_tree_view(trace: Sequence[StepTrace], step: int | None = None,
             nodes.append(SpecNode(j, p, depth[j], ys[j], text(r.draft_token_ids[j]),
                                   "accepted" if j in on_path else "rejected"))
         if target is not None:
-            nodes.append(SpecNode(n, path[-1] if path else -1, depth[n], ys[n], text(target), "target"))
+            nodes.append(SpecNode(n, tip, depth[n], ys[n], text(target), "target"))
         info = infos.get(r.seq_id)
         seqs.append(SeqSpecTree(r.seq_id, info.label if info else f"seq{r.seq_id}", tuple(nodes), r.num_proposed,
                                 r.num_accepted, any(parents[j] != j - 1 for j in range(n))))

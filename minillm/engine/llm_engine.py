@@ -134,7 +134,7 @@ class LLMEngine:
         packed = StepBatch.build(batch.chunks)
         logits = self.executor.execute(packed) if batch.chunks else None
         chosen = choose_tokens(batch, packed, logits, self.eos_token_ids)
-        moves = tree_kv_moves(batch, chosen, self.block_manager.block_size)
+        moves = tree_kv_moves(batch, chosen, self.block_manager.block_size) if self.proposer is not None else []
         if moves:  # a tree's accepted path: its K/V to the positions it now holds (before trim frees slots)
             self.executor.move_kv(moves)
         update = self.scheduler.update(batch, chosen, t0, time.perf_counter())

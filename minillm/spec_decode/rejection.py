@@ -18,6 +18,7 @@ import torch
 
 from minillm.engine.sampler import filter_logits
 from minillm.sampling_params import SamplingParams
+from minillm.spec_decode.tree import children
 
 
 def acceptance_probability(p_x: float, q_x: float) -> float:
@@ -98,9 +99,7 @@ def verify_tree(
     from p' and renormalise; with every child rejected draw from what is left. Each emitted
     token is thereby drawn from p exactly. Returns (tokens to emit, accepted node indices).
     """
-    kids: dict[int, list[int]] = {}
-    for j, p in enumerate(parents):
-        kids.setdefault(p, []).append(j)
+    kids = children(parents)
     probs = None if params.greedy else target_probs(logits.float(), params)
     path: list[int] = []
     node = -1

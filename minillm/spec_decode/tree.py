@@ -35,12 +35,6 @@ def chain_parents(n: int) -> list[int]:
     return list(range(-1, n - 1))
 
 
-def check_parents(parents: list[int]) -> None:
-    for j, p in enumerate(parents):
-        if not -1 <= p < j:
-            raise ValueError(f"tree node {j} has parent {p}: parents must come before their children (-1: root)")
-
-
 def node_depths(parents: list[int]) -> list[int]:
     """Depth of every node below the root (a child of the root has depth 1)."""
     depth: list[int] = []
