@@ -39,10 +39,20 @@ class ModelConfig:
     layer_types: list[str] | None = None  # per layer "sliding_attention" | "full_attention"; None: all full
     rope_local_base_freq: float | None = None  # RoPE theta of the sliding layers; None: rope_theta
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    # Mixture of experts (model_type "mixtral" / "qwen2_moe"; models/moe.py). num_experts 0: dense MLPs.
+    num_experts: int = 0  # routed experts per MoE layer (Mixtral's config calls it num_local_experts)
+    num_experts_per_tok: int = 0  # top-k: experts each token is sent to
+    moe_intermediate_size: int | None = None  # one expert's hidden width; None: intermediate_size
+    norm_topk_prob: bool = True  # renormalise the top-k softmax weights to sum to 1 (Mixtral always does)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert behind a sigmoid gate; 0: none
+    decoder_sparse_step: int = 1  # layer i is MoE when (i + 1) % step == 0 ...
+    mlp_only_layers: list[int] = field(default_factory=list)  # ... and i is not listed here (dense MLP)
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_experts:
+            self._check_moe()
         if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
         if self.layer_types is not None and "sliding_attention" in self.layer_types and not self.sliding_window:
@@ -53,9 +63,38 @@ class ModelConfig:
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
 
+    def _check_moe(self) -> None:
+        e, k = self.num_experts, self.num_experts_per_tok
+        if k < 1 or k > e:
+            raise ValueError(f"num_experts_per_tok={k} must be between 1 and num_experts={e}")
+        if self.decoder_sparse_step < 1:
+            raise ValueError(f"decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
+        if self.moe_intermediate_size is None:
+            self.moe_intermediate_size = self.intermediate_size
+
     @property
     def is_gemma3(self) -> bool:
         return self.model_type == "gemma3"
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Does layer i route tokens to experts (else: one dense MLP)? Qwen2-MoE's rule; Mixtral: every layer."""
+        return self.is_moe and (i + 1) % self.decoder_sparse_step == 0 and i not in self.mlp_only_layers
+
+    def mlp_parameters(self, i: int, active: bool = False) -> int:
+        """Weights of layer i's MLP; active=True: only those one token's forward multiplies by
+        (the router, its top-k experts, the shared expert and its gate) -- the MoE's compute per token."""
+        h = self.hidden_size
+        if not self.is_moe_layer(i):
+            return 3 * h * self.intermediate_size
+        experts = self.num_experts_per_tok if active else self.num_experts
+        n = h * self.num_experts + experts * 3 * h * self.moe_intermediate_size
+        if self.shared_expert_intermediate_size:
+            n += 3 * h * self.shared_expert_intermediate_size + h
+        return n
 
     def layer_window(self, i: int) -> int | None:
         """Layer i's sliding window, or None for full (global) attention."""
@@ -72,7 +111,7 @@ class ModelConfig:
     def num_parameters(self) -> int:
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+        per_layer = h * (q + 2 * kv) + q * h + 2 * h  # attention and the two norms; MLPs below
         if self.attention_bias:
             per_layer += q + 2 * kv
         if self.qk_norm:
@@ -80,7 +119,8 @@ class ModelConfig:
         if self.is_gemma3:  # pre- and post-feedforward norms besides the usual two
             per_layer += 2 * h
         emb = self.vocab_size * h
-        return self.num_hidden_layers * per_layer + emb * (1 if self.tie_word_embeddings else 2) + h
+        mlps = sum(self.mlp_parameters(layer) for layer in range(self.num_hidden_layers))
+        return self.num_hidden_layers * per_layer + mlps + emb * (1 if self.tie_word_embeddings else 2) + h
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
@@ -89,6 +129,7 @@ class ModelConfig:
         model_type = d.get("model_type", "llama")
         if model_type == "gemma3_text":  # transformers' name for Gemma 3's text-only model
             return cls._from_gemma3_dict(d, eos_list)
+        moe = _moe_fields(d) if model_type in ("mixtral", "qwen2_moe") else {}
         rope_scaling = d.get("rope_scaling")
         rope_theta = d.get("rope_theta")
         rope_params = d.get("rope_parameters")  # transformers >= 5 nests rope settings here
@@ -106,11 +147,12 @@ class ModelConfig:
             rope_theta=float(rope_theta or 10000.0),
             rope_scaling=rope_scaling,
             tie_word_embeddings=d.get("tie_word_embeddings", False),
-            attention_bias=d.get("attention_bias", model_type == "qwen2"),
+            attention_bias=d.get("attention_bias", d.get("qkv_bias", model_type in ("qwen2", "qwen2_moe"))),
             qk_norm=model_type == "qwen3",
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=eos_list,
             model_type=model_type,
+            **moe,
         )
 
     @classmethod
@@ -160,4 +202,22 @@ def _shape_fields(d: dict[str, Any]) -> dict[str, Any]:
         num_hidden_layers=d["num_hidden_layers"],
         num_attention_heads=d["num_attention_heads"],
         num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+    )
+
+
+def _moe_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """Mixtral's and Qwen2-MoE's expert settings, in ModelConfig's names (transformers' defaults where absent)."""
+    if d["model_type"] == "mixtral":  # every layer MoE, softmax -> top-k -> renormalised, no shared expert
+        return dict(num_experts=d.get("num_local_experts", 8), num_experts_per_tok=d.get("num_experts_per_tok", 2),
+                    moe_intermediate_size=d["intermediate_size"], norm_topk_prob=True)
+    if d.get("num_experts", 60) == 0:  # transformers: no experts means every layer is a dense MLP
+        return {}
+    return dict(
+        num_experts=d.get("num_experts", 60),
+        num_experts_per_tok=d.get("num_experts_per_tok", 4),
+        moe_intermediate_size=d.get("moe_intermediate_size", 1408),
+        norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+        shared_expert_intermediate_size=d.get("shared_expert_intermediate_size", 5632),
+        decoder_sparse_step=d.get("decoder_sparse_step", 1),
+        mlp_only_layers=list(d.get("mlp_only_layers") or []),
     )

@@ -3,7 +3,10 @@
 Counted from the model config and the batch (matmuls as 2*m*n*k FLOPs):
 weights are read once per step whatever the batch, every new token's
 attention reads the K/V of all keys it attends to, and each new token
-writes its own K/V once.
+writes its own K/V once. A mixture-of-experts layer costs a token its router,
+its top-k experts and any shared expert (ModelConfig.mlp_parameters(active=True));
+its weight bytes count every expert, which a step reads once each has a token
+(an upper bound for small decode batches).
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ def step_cost(
 ) -> StepCost:
     h, d, layers = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    linear_per_token = 2 * layers * (h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size)
+    mlp = sum(cfg.mlp_parameters(i, active=True) for i in range(layers))
+    linear_per_token = 2 * (layers * (h * (q + 2 * kv) + q * h) + mlp)
     tokens = sum(n for n, _ in chunks)
     attn = 0.0
     kv_read = 0.0

@@ -22,6 +22,7 @@ from minillm.engine.batch import StepBatch
 from minillm.engine.kv_cache import KVCachePlan
 
 if TYPE_CHECKING:
+    from minillm.models.moe import RoutedTokens
     from minillm.parallel.comm import CommStats
 
 
@@ -48,6 +49,10 @@ class Executor(ABC):
 
     def take_comm_stats(self) -> "CommStats | None":
         """Collective bytes and time since the last call (one step's worth); None for one process."""
+        return None
+
+    def take_routed_tokens(self) -> "RoutedTokens | None":
+        """A mixture-of-experts model's tokens per expert per layer since the last call; None for a dense one."""
         return None
 
     def close(self) -> None:

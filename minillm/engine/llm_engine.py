@@ -144,7 +144,7 @@ class LLMEngine:
             self.proposer.release(update.finished)  # a separate draft frees their blocks now
             draft = self.proposer.trace_record()
         self.tracer.record(batch, chosen, update, self.scheduler, self.block_manager, t0, time.perf_counter(),
-                           self.executor.take_comm_stats(), draft)
+                           self.executor.take_comm_stats(), draft, self.executor.take_routed_tokens())
         return self._outputs(update.changed)
 
     def _outputs(self, changed) -> list[RequestOutput]:

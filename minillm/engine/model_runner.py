@@ -18,6 +18,7 @@ from minillm.engine.cuda_graphs import DecodeGraphs
 from minillm.engine.executor import Executor
 from minillm.engine.kv_cache import KVCachePlan, KVCachePool, plan_kv_cache
 from minillm.models.llama import LlamaForCausalLM
+from minillm.models.moe import RoutedTokens, moe_blocks, take_routed_tokens
 from minillm.models.skinny_linear import use_skinny_linears
 from minillm.quant.linear import QuantLinear
 
@@ -29,6 +30,17 @@ def use_cuda_graphs(config: EngineConfig, device: torch.device) -> bool:
     if config.cuda_graphs and device.type != "cuda":
         raise ValueError(f"cuda_graphs=True needs a CUDA device; this engine runs on {device.type}")
     return config.cuda_graphs
+
+
+def check_moe_options(config: EngineConfig) -> None:
+    """A mixture-of-experts model runs eager: its expert dispatch reads each expert's token count on the
+    host every layer (models/moe.py), which a CUDA graph cannot capture and torch.compile would break on."""
+    if config.compile:
+        raise ValueError("compile=True is not supported for mixture-of-experts models (the expert dispatch "
+                         "reads token counts on the host every layer)")
+    if config.cuda_graphs:
+        raise ValueError("cuda_graphs=True is not supported for mixture-of-experts models (the expert dispatch "
+                         "reads token counts on the host every layer, which a graph cannot capture)")
 
 
 class ModelRunner(Executor):
@@ -50,6 +62,9 @@ class ModelRunner(Executor):
                 use_skinny_linears(model)
         self.backend = make_attention_backend(config.backend_for(self.device))
         graphs = use_cuda_graphs(config, self.device) if graphs is None else graphs
+        if moe_blocks(model):
+            check_moe_options(config)
+            graphs = False
         self.pool = KVCachePool(model.config, self.plan, self.device, scratch_blocks=1 if graphs else 0)
         self.attach()
         self.decode_graphs: DecodeGraphs | None = None
@@ -71,6 +86,9 @@ class ModelRunner(Executor):
 
     def attach(self) -> None:
         self.pool.bind(self.model, self.backend)
+
+    def take_routed_tokens(self) -> RoutedTokens | None:
+        return take_routed_tokens(self.model)
 
     def move_kv(self, moves: list[tuple[int, int]]) -> None:
         self.pool.move_slots(moves)

@@ -157,6 +157,10 @@ class StepTrace:
     p2p_bytes: float = 0.0  # pipeline parallelism: hidden states / logits rank 0 sent and received
     # a separate draft model (speculative method "draft" with its own model): its pool and work
     draft: DraftRecord | None = None
+    # a mixture-of-experts model (models/moe.py): expert_tokens[l][e] is how many of this step's tokens
+    # layer moe_layers[l] sent to expert e (each token counts once per expert of its top-k); () if dense
+    moe_layers: tuple[int, ...] = ()
+    expert_tokens: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -205,6 +209,8 @@ class StepTrace:
                 kw[f.name] = None if v is None else DraftRecord.from_dict(v)
             elif f.name == "block_tables":
                 kw[f.name] = tuple((sid, tuple(bl)) for sid, bl in v)
+            elif f.name == "expert_tokens":
+                kw[f.name] = tuple(tuple(row) for row in v)
             elif isinstance(v, list):
                 kw[f.name] = tuple(v)
             else:

@@ -41,7 +41,7 @@ class StepTracer:
     # ----- one step ------------------------------------------------------------------------
     def record(self, batch: ScheduledBatch, chosen: list[ChosenTokens | None], update: StepUpdate,
                scheduler: Scheduler, bm: BlockManager, start: float, end: float, comm=None,
-               draft: tr.DraftRecord | None = None) -> tr.StepTrace:
+               draft: tr.DraftRecord | None = None, routed=None) -> tr.StepTrace:
         for seq in update.finished:
             self.finished(seq)
         scheduled, spec = [], []
@@ -113,6 +113,7 @@ class StepTracer:
                 "allreduce_bytes": float(comm.allreduce_bytes), "allgather_bytes": float(comm.allgather_bytes),
                 "comm_time_s": comm.time_s, "p2p_bytes": float(comm.p2p_bytes)}),
             draft=draft,
+            **({} if routed is None else {"moe_layers": routed.layers, "expert_tokens": routed.counts}),
         )
         self.trace.append(rec)
         self.num_steps += 1

@@ -17,12 +17,15 @@ from minillm.config import ModelConfig
 from minillm.models.gemma3 import Gemma3ForCausalLM
 from minillm.models.layers import MLP_KINDS, rope_inv_freq
 from minillm.models.llama import LlamaForCausalLM
+from minillm.models.moe import Experts
+from minillm.models.moe_models import MOE_MODELS, SparseMoeForCausalLM
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# model_type values we implement: the one Llama-family decoder (SmolLM2 is "llama") and Gemma 3's text model.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+# model_type values we implement: the one Llama-family decoder (SmolLM2 is "llama"), Gemma 3's text model
+# and the two mixture-of-experts families (models/moe_models.py).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "mixtral", "qwen2_moe")
 
 
 class ModelLoadError(ValueError):
@@ -66,7 +69,7 @@ def _skip_random_init() -> Iterator[None]:
     device instead would also skip it, but computing the RoPE tables there
     imports torch._dynamo, which costs as much.)
     """
-    saved = {cls: cls.reset_parameters for cls in (nn.Linear, nn.Embedding)}
+    saved = {cls: cls.reset_parameters for cls in (nn.Linear, nn.Embedding, Experts)}
     for cls in saved:
         cls.reset_parameters = lambda self: None
     try:
@@ -77,7 +80,9 @@ def _skip_random_init() -> Iterator[None]:
 
 
 def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
-    """Gemma 3's decoder (a LlamaForCausalLM with its own layers), or the one Llama-family decoder."""
+    """Gemma 3's decoder, a MoE family's (each a LlamaForCausalLM with its own layers), or the Llama-family one."""
+    if cfg.is_moe:
+        return MOE_MODELS.get(cfg.model_type, SparseMoeForCausalLM)
     return Gemma3ForCausalLM if cfg.is_gemma3 else LlamaForCausalLM
 
 

@@ -87,7 +87,7 @@ def config_from_dict(d: dict[str, Any], tensor_names: set[str], path: str) -> Mo
     # Sliding-window attention is not implemented: cap the context at the window, where
     # full attention and windowed attention still agree exactly.
     window = d.get("sliding_window")
-    if window and d.get("use_sliding_window", d["model_type"] == "mistral"):
+    if window and d.get("use_sliding_window", d["model_type"] in ("mistral", "mixtral")):
         d["max_position_embeddings"] = min(d.get("max_position_embeddings", window), window)
     try:
         cfg = ModelConfig.from_hf_dict(d)

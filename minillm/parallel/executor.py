@@ -399,6 +399,10 @@ class TensorParallelExecutor(MultiprocExecutor):
     def _forward(self, batch: StepBatch) -> torch.Tensor | None:
         return self.runner.execute(batch)  # the all-reduces and the logits' all-gather line the ranks up
 
+    def take_routed_tokens(self):
+        """Rank 0 routes every token of every MoE layer (only the experts it runs are split): the global counts."""
+        return self.runner.take_routed_tokens()
+
 
 class PipelineParallelExecutor(MultiprocExecutor):
     """The layers split into stages (pipeline.py); rank 0 embeds, runs stage 0 and receives the logits."""

@@ -12,6 +12,25 @@ Megatron-style split of each decoder layer over N ranks:
 Query head h attends with KV head h // (H / KV), so giving each rank a
 contiguous run of query heads gives it a contiguous run of KV heads. With more
 ranks than KV heads, each KV head is replicated on N / KV ranks.
+
+A mixture-of-experts layer (models/moe.py) is split by *experts* instead (expert
+parallelism): rank r keeps experts [r*E/N, (r+1)*E/N) whole, the router on every
+rank, and a Qwen2-MoE shared expert column/row-split like a dense MLP. Every rank
+routes all T tokens, runs its own experts on the tokens sent to them, and one
+all-reduce sums the partial outputs (shared expert's share included).
+
+Why all-gather + all-reduce rather than an all-to-all dispatch: after attention's
+o_proj all-reduce, every rank already holds all T tokens' hidden states, so the
+"all-gather of tokens" costs nothing here, and the combine is one all-reduce of
+T x H -- the same bytes as a dense MLP's down_proj all-reduce, and exact (the sum
+of the same partial products, in another order). An all-to-all pays off where ranks
+hold *different* tokens (data-parallel attention): each rank sends its T/N tokens'
+k copies to the experts' ranks and receives the results back, 2 k T/N x H per rank
+(of which (N-1)/N leaves the rank), against T x H to all-gather the tokens plus
+T x H to combine them -- less whenever k < N, at the price of uneven message sizes
+and a host round-trip to size them. minillm's ranks all serve the same batch (one
+scheduler on rank 0, attention split by heads), so the gather is free and one
+all-reduce is all the MoE layer adds.
 """
 from __future__ import annotations
 
@@ -22,6 +41,8 @@ import torch
 from torch import nn
 
 from minillm.config import ModelConfig
+from minillm.models.moe import SparseMoeBlock
+from minillm.parallel import comm
 from minillm.parallel.layers import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 
 
@@ -50,8 +71,15 @@ def check_tp_size(cfg: ModelConfig, size: int) -> None:
         raise ValueError(
             f"tensor_parallel_size={size} must divide the {kv} KV heads or be a multiple of them (replication)"
         )
-    if i % size:
+    dense = not cfg.is_moe or any(not cfg.is_moe_layer(layer) for layer in range(cfg.num_hidden_layers))
+    if dense and i % size:
         raise ValueError(f"tensor_parallel_size={size} must divide intermediate_size={i}")
+    if cfg.is_moe and cfg.num_experts % size:
+        raise ValueError(f"tensor_parallel_size={size} must divide the {cfg.num_experts} experts "
+                         "(each rank keeps an equal share of them)")
+    if cfg.shared_expert_intermediate_size % size:
+        raise ValueError(f"tensor_parallel_size={size} must divide "
+                         f"shared_expert_intermediate_size={cfg.shared_expert_intermediate_size}")
 
 
 def rank_shard(cfg: ModelConfig, rank: int, size: int) -> RankShard:
@@ -110,6 +138,29 @@ def _vocab_rows(w: torch.Tensor, s: RankShard) -> torch.Tensor:
     return rows.contiguous()
 
 
+def expert_range(cfg: ModelConfig, rank: int, size: int) -> tuple[int, int]:
+    """The experts rank `rank` of `size` keeps (the same in every MoE layer)."""
+    per = cfg.num_experts // size
+    return rank * per, (rank + 1) * per
+
+
+@torch.no_grad()
+def shard_experts(block: SparseMoeBlock, cfg: ModelConfig, rank: int, size: int) -> None:
+    """Keep this rank's experts (whole) and its columns of the shared expert; the router stays whole."""
+    lo, hi = expert_range(cfg, rank, size)
+    ex = block.experts
+    ex.gate_up_proj = nn.Parameter(ex.gate_up_proj[lo:hi].clone(), requires_grad=False)
+    ex.down_proj = nn.Parameter(ex.down_proj[lo:hi].clone(), requires_grad=False)
+    block.expert_range = (lo, hi)
+    shared = block.shared_expert
+    if shared is not None:  # Megatron split; no all-reduce of its own: the block's one reduce sums it
+        width = cfg.shared_expert_intermediate_size
+        cols = torch.arange(rank * width // size, (rank + 1) * width // size, device=shared.down_proj.weight.device)
+        shared.gate_up_proj = _linear(shared.gate_up_proj.weight[torch.cat((cols, cols + width))], None)
+        shared.down_proj = _linear(shared.down_proj.weight[:, cols], None)
+    block.reduce = comm.all_reduce
+
+
 @torch.no_grad()
 def shard_model(model: nn.Module, rank: int, size: int) -> nn.Module:
     """Replace the full weights of a loaded LlamaForCausalLM by rank `rank`'s shard, in place.
@@ -132,6 +183,9 @@ def shard_model(model: nn.Module, rank: int, size: int) -> nn.Module:
         a.num_heads, a.num_kv_heads = s.q_heads[1] - s.q_heads[0], s.kv_heads[1] - s.kv_heads[0]
         a.q_size, a.kv_size = a.num_heads * d, a.num_kv_heads * d
         m = layer.mlp
+        if isinstance(m, SparseMoeBlock):
+            shard_experts(m, cfg, rank, size)
+            continue
         m.gate_up_proj = _linear(m.gate_up_proj.weight[gu_idx.to(dev)], None)
         m.down_proj = _row_parallel(m.down_proj, mlp_cols.to(dev), rank)
     emb = model.embed_tokens.weight
