@@ -4,8 +4,9 @@ Tiny random Mixtral and Qwen2-MoE models are built with transformers, saved with
 save_pretrained (one tensor per expert, the names real checkpoints use) and loaded by
 minillm's loader. fp32 on both sides, same weights: what is left is summation order.
 Measured max |logit diff| <= 1.2e-5 on logits of magnitude 5-8 (prefill, 40 tokens),
-max |logprob diff| <= 7e-6 through the engine's paged decode; tolerance 1e-4 (2e-4 for logprobs). The block itself is checked against a loop over tokens
-that applies the routing rule literally.
+max |logprob diff| <= 7e-6 through the engine's paged decode; tolerance 1e-4 (2e-4 for
+logprobs). The block itself is checked against a loop over tokens that applies the
+routing rule literally.
 """
 from __future__ import annotations
 
@@ -211,7 +212,8 @@ def test_missing_expert_tensor_is_named(tiny):
     layer = dropped.split(".")[2]
     del state[dropped]
     model = empty_model(loaded.config, torch.float32, "cpu")
-    with pytest.raises(ModelLoadError, match=rf"missing tensors for layers\.{layer}\.mlp\.experts\.gate_up_proj\[1\]\[1\]$"):
+    missing = rf"missing tensors for layers\.{layer}\.mlp\.experts\.gate_up_proj\[1\]\[1\]$"
+    with pytest.raises(ModelLoadError, match=missing):
         fill_model(model, state.items(), "model.safetensors")
 
 
