@@ -152,7 +152,7 @@ def test_bad_input_gets_clear_errors():
         QuantLinear.from_float(_w(4, 32), 3)
     with pytest.raises(ValueError, match="unsupported quantization 'int3'"):
         check_llm_options("int3", None)
-    with pytest.raises(ValueError, match="int4 and int4-awq only"):
+    with pytest.raises(ValueError, match="applies to int4, int4-awq, gptq only"):
         check_llm_options("int8", 64)
     with pytest.raises(ValueError, match="group size must be one of"):
         check_llm_options("int4", 100)

@@ -53,7 +53,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="transformers' KV cache implementation")
     p.add_argument("--threads", type=int, default=None, help="torch threads for every subject (default: torch's)")
     p.add_argument("--compile", action="store_true", help="minillm with torch.compile'd decode steps")
-    p.add_argument("--quantization", choices=["int8", "int4", "int4-awq", "gguf"], default=None,
+    p.add_argument("--quantization", choices=["int8", "int4", "int4-awq", "gptq", "gguf"], default=None,
                    help="minillm's weight-only quantization (peers keep their own weights)")
     p.add_argument("--quantize-lm-head", action="store_true", help="minillm's LM head in int8 too")
     p.add_argument("--json", dest="json_out", default=None, help="write the full report here")
@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "token and the bandwidth roof of each")
     qnt.add_argument("--model", default=None, help="a name from `minillm models`, a Hugging Face folder or Hub repo id, or a GGUF file (default: SmolLM2-135M-Instruct)")
     qnt.add_argument("--settings", default="float,int8,int4,gguf,gguf+head8,kv-int8,int4+head8+kv-int8",
-                     help="comma list: float, int8, int4, int4-awq, gguf, head8 (int8 LM head), kv-int8, kv-fp8, "
+                     help="comma list: float, int8, int4, int4-awq, gptq, gguf, head8 (int8 LM head), kv-int8, kv-fp8, "
                           "joined with '+'")
     qnt.add_argument("--group-size", type=int, default=None, help="int4 group size: 32, 64, 128 or 256 (default 32)")
     qnt.add_argument("--prompt-len", type=int, default=32)

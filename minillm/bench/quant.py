@@ -79,13 +79,13 @@ def build_subject(loaded, setting: str, group_size: int | None = None, max_num_s
     from minillm.engine.config import EngineConfig
     from minillm.engine.llm_engine import LLMEngine
     from minillm.eval.ppl import parse_setting
-    from minillm.quant.apply import quantize_loaded
+    from minillm.quant.apply import GROUPED, quantize_loaded
 
     s = parse_setting(setting)
     model = loaded.model
     if s.quantization is not None or s.lm_head:
         model = copy.deepcopy(loaded.model)
-        gs = group_size if s.quantization in ("int4", "int4-awq") else None
+        gs = group_size if s.quantization in GROUPED else None
         quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head)
     engine = LLMEngine(model, loaded.tokenizer, loaded.eos_token_ids,
                        EngineConfig(num_kv_blocks=64, enable_prefix_caching=False, kv_cache_dtype=s.kv_cache_dtype,

@@ -1,9 +1,9 @@
 """Perplexity and top-1 agreement of quantization settings against the float model.
 
 A setting names a weight method and/or a KV cache dtype, joined by "+":
-"float", "int8", "int4", "int4-awq", "gguf", "kv-int8", "kv-fp8", and
+"float", "int8", "int4", "int4-awq", "gptq", "gguf", "kv-int8", "kv-fp8", and
 "head8" (an int8 LM head), e.g. "int4+head8+kv-int8". Every setting scores the same fixed slice of
-pydoc_data.topics (the "eval" split; AWQ calibrates on the disjoint "calib"
+pydoc_data.topics (the "eval" split; AWQ and GPTQ calibrate on the disjoint "calib"
 split) through the paged path (minillm.eval.paged), on its own copy of the
 float model loaded once.
 """
@@ -118,10 +118,12 @@ def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], di
 
 def run_setting(s: Setting, loaded, wins: torch.Tensor, cfg: EvalConfig, quantize_loaded=None):
     """(scores, model) for one setting on a private copy of the float model."""
+    from minillm.quant.apply import GROUPED
+
     model = loaded.model
     if s.quantization is not None or s.lm_head:
         model = copy.deepcopy(loaded.model)
-        gs = cfg.group_size if s.quantization in ("int4", "int4-awq") else None
+        gs = cfg.group_size if s.quantization in GROUPED else None
         quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head)
     return score_windows(model, wins, chunk_size=cfg.chunk_size, kv_cache_dtype=s.kv_cache_dtype), model
 

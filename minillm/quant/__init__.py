@@ -1,4 +1,4 @@
-"""Weight-only quantization: int8 per output channel, int4 in groups (RTN or AWQ), packed storage.
+"""Weight-only quantization: int8 per output channel, int4 in groups (RTN, AWQ or GPTQ), packed storage.
 
     from minillm.quant import quantize_model
     quantize_model(model, "int4-awq", group_size=64, calibration=windows)

@@ -15,13 +15,17 @@ from torch import nn
 
 from minillm.models.llama import LlamaForCausalLM
 from minillm.quant.awq import search_scale
+from minillm.quant.gptq import CALIB_LEN as GPTQ_CALIB_LEN, CALIB_WINDOWS as GPTQ_CALIB_WINDOWS
 from minillm.quant.int4 import SUPPORTED_GROUP_SIZES, check_group_size
 from minillm.quant.linear import QuantLinear
 
-METHODS = ("int8", "int4", "int4-awq")
+METHODS = ("int8", "int4", "int4-awq", "gptq")
+GROUPED = ("int4", "int4-awq", "gptq")  # the int4-group methods: quantization_group_size applies
 DEFAULT_GROUP_SIZE = 32
 LLM_METHODS = METHODS + ("gguf",)  # "gguf": keep the file's Q4_0/Q4_1/Q4_K codes (minillm.quant.gguf)
 TARGETS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+# methods that calibrate: (windows, tokens per window) of the "calib" split of pydoc_data.topics
+CALIBRATION = {"int4-awq": (4, 64), "gptq": (GPTQ_CALIB_WINDOWS, GPTQ_CALIB_LEN)}
 
 
 def check_method(method: str) -> None:
@@ -39,18 +43,19 @@ def check_llm_options(method: str | None, group_size: int | None) -> None:
         return
     if method not in LLM_METHODS:
         raise ValueError(f"unsupported quantization {method!r}; choose one of {LLM_METHODS} (or None)")
-    if group_size is not None and method not in ("int4", "int4-awq"):
-        raise ValueError(f"quantization_group_size applies to int4 and int4-awq only, not {method!r}")
+    if group_size is not None and method not in GROUPED:
+        raise ValueError(f"quantization_group_size applies to {', '.join(GROUPED)} only, not {method!r}")
     if group_size is not None and group_size not in SUPPORTED_GROUP_SIZES:
         raise ValueError(f"int4 group size must be one of {SUPPORTED_GROUP_SIZES}, got {group_size}")
 
 
 def quantize_loaded(loaded, method: str | None, group_size: int | None = None, lm_head: bool = False,
-                    calib_windows: int = 4, calib_len: int = 64) -> dict[str, str]:
+                    calib_windows: int | None = None, calib_len: int | None = None) -> dict[str, str]:
     """Quantize a LoadedModel in place for LLM(quantization=method, quantize_lm_head=lm_head).
 
-    Returns {layer: what was done}. int4-awq calibrates on `calib_windows` x `calib_len`
-    tokens of the calibration split of pydoc_data.topics (never the text `minillm eval ppl` scores).
+    Returns {layer: what was done}. The calibrating methods read `calib_windows` x `calib_len`
+    tokens (default: CALIBRATION[method]) of the calibration split of pydoc_data.topics (never
+    the text `minillm eval ppl` scores).
     """
     check_llm_options(method, group_size)
     report: dict[str, str] = {}
@@ -60,11 +65,13 @@ def quantize_loaded(loaded, method: str | None, group_size: int | None = None, l
         report = keep_gguf(loaded.model, loaded.source)
     elif method is not None:
         calibration = None
-        if method == "int4-awq":
+        if method in CALIBRATION:
             from minillm.eval import corpus_tokens, windows
 
-            ids = corpus_tokens(loaded.tokenizer, "calib", calib_windows * calib_len)
-            calibration = windows(ids, calib_len, calib_windows)
+            n, length = CALIBRATION[method]
+            n, length = calib_windows or n, calib_len or length
+            ids = corpus_tokens(loaded.tokenizer, "calib", n * length)
+            calibration = windows(ids, length, n)
         quantize_model(loaded.model, method, group_size, calibration)
         report = {name: repr(m) for name, m in target_linears(loaded.model).items()}
     if lm_head:
@@ -149,8 +156,15 @@ def quantize_model(
         raise ValueError("this model is already quantized")
     bits = 8 if method == "int8" else 4
     g = resolve_group_size(model, group_size) if bits == 4 else None
-    if method != "int4" and method != "int4-awq" and group_size is not None:
+    if method not in GROUPED and group_size is not None:
         raise ValueError(f"group_size applies to int4 methods only, not {method!r}")
+    if method == "gptq":
+        if calibration is None:
+            raise ValueError("gptq needs calibration token windows (minillm.eval.corpus_tokens(tok, 'calib'))")
+        from minillm.quant.gptq import gptq_quantize_model
+
+        gptq_quantize_model(model, calibration, g, use_cpu_kernels=use_cpu_kernels)
+        return model
     inputs: dict[str, torch.Tensor] = {}
     if method == "int4-awq":
         if calibration is None:
