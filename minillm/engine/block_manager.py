@@ -101,6 +101,7 @@ def builtin_chain_hash(parent: int | None, tokens: TokenIds, extra_keys: tuple |
 
 
 HASH_FUNCTIONS: dict[str, Callable[..., BlockHash]] = {"sha256": sha256_chain_hash, "builtin": builtin_chain_hash}
+PREFIX_CACHES = ("hash", "radix")  # the values of EngineConfig.prefix_cache: this hash chain, or radix_cache.py
 
 
 def chain_hash(parent: BlockHash | None, tokens: TokenIds, extra_keys: tuple | None = None,
@@ -300,6 +301,18 @@ class BlockManager:
         ev, self.events = self.events, BlockEvents()
         return ev
 
+    # ----- what the step trace records (the radix cache answers these from its tree) -----------
+    def cached_flags(self) -> tuple[bool, ...]:
+        """Per physical block: does it hold reusable prefix content?"""
+        return tuple(b.block_hash is not None for b in self.blocks)
+
+    def free_order(self) -> tuple[int, ...]:
+        """Ref-count-0 blocks in the order they would be handed out."""
+        return tuple(self.free_queue)
+
+    def prefix_tree_snapshot(self) -> tuple:
+        return ()  # a hash chain has no tree
+
     def check_invariants(self, live: list[Sequence]) -> None:
         """Ref counts equal the number of live block tables naming each block (tests use this)."""
         counts = [0] * self.num_blocks
@@ -314,3 +327,15 @@ class BlockManager:
                 f"block {block.block_id} free-list mismatch")
         for h, bid in self.hash_to_block.items():
             assert self.blocks[bid].block_hash == h
+
+
+def make_block_manager(num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                       hash_algo: str = "sha256", prefix_cache: str = "hash") -> BlockManager:
+    """The pool's manager: the hash chain above, or the radix tree (radix_cache.py) on the same pool."""
+    if prefix_cache not in PREFIX_CACHES:
+        raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES}, got {prefix_cache!r}")
+    if prefix_cache == "radix" and enable_prefix_caching:
+        from minillm.engine.radix_cache import RadixBlockManager
+
+        return RadixBlockManager(num_blocks, block_size)
+    return BlockManager(num_blocks, block_size, enable_prefix_caching, hash_algo)

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from minillm.engine.block_manager import HASH_ALGOS as PREFIX_HASH_ALGOS
+from minillm.engine.block_manager import HASH_ALGOS as PREFIX_HASH_ALGOS, PREFIX_CACHES
+from minillm.engine.policy import SCHEDULING_POLICIES
 from minillm.spec_decode.speculative_config import SpeculativeConfig, parse_speculative
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -48,11 +49,18 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # "auto" (the model's), "int8" or "fp8": quantized, a scale per token per head
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"  # "sha256" (collision-resistant) or "builtin" (Python's hash)
+    prefix_cache: str = "hash"  # "hash": chained block hashes; "radix": a token tree, LRU leaves evicted
     # --- the scheduler --------------------------------------------------------------------
     max_num_seqs: int = 128  # sequences in one step
     max_num_batched_tokens: int = 2048  # tokens in one step (prefill chunks + decodes + drafts)
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None  # default: the model's max_position_embeddings
+    # who waits first and who is preempted first (engine/policy.py): "fcfs", "priority" (a request's
+    # priority, lower first, as in vLLM) or "length-aware" (a short-request lane, the three knobs below)
+    scheduling_policy: str = "fcfs"
+    short_lane_max_tokens: int = 256  # length-aware: prompt + max_tokens at most this is a short request
+    short_lane_share: float = 0.25  # length-aware: share of max_num_seqs the long lane may never take
+    long_lane_max_wait_steps: int = 64  # length-aware: steps at its lane's head before a long request goes first
     # --- execution ------------------------------------------------------------------------
     # "auto": "triton" on CUDA (the kernels in kernels/), "torch" elsewhere (and with compile=True);
     # "torch" is the reference and the CPU fast path
@@ -121,7 +129,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
 
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
-                     "pipeline_parallel_size"):
+                     "pipeline_parallel_size", "short_lane_max_tokens"):
             positive_int(name)
         for name in ("num_kv_blocks", "max_model_len", "kv_cache_memory_bytes", "worker_threads"):
             positive_int(name, optional=True)
@@ -133,6 +141,15 @@ class EngineConfig:
         if self.prefix_caching_hash_algo not in PREFIX_HASH_ALGOS:
             raise ValueError(f"prefix_caching_hash_algo must be one of {PREFIX_HASH_ALGOS}, "
                              f"got {self.prefix_caching_hash_algo!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}; choose one of {SCHEDULING_POLICIES}")
+        if not (isinstance(self.short_lane_share, (int, float)) and 0.0 <= self.short_lane_share < 1.0):
+            raise ValueError(f"short_lane_share must be in [0, 1), got {self.short_lane_share!r}")
+        if (not isinstance(self.long_lane_max_wait_steps, int) or isinstance(self.long_lane_max_wait_steps, bool)
+                or self.long_lane_max_wait_steps < 0):
+            raise ValueError(f"long_lane_max_wait_steps must be an integer >= 0, got {self.long_lane_max_wait_steps!r}")
+        if self.prefix_cache not in PREFIX_CACHES:
+            raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES}, got {self.prefix_cache!r}")
         # combinations (the one place they are checked)
         if self.compile and self.attention_backend not in ("torch", "auto"):
             raise ValueError("compile=True is implemented for the torch attention backend")

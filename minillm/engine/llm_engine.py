@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 
 from minillm.engine.batch import StepBatch
-from minillm.engine.block_manager import BlockManager
+from minillm.engine.block_manager import make_block_manager
 from minillm.engine.config import EngineConfig
 from minillm.engine.executor import Executor
 from minillm.engine.model_runner import ModelRunner
@@ -68,8 +68,8 @@ class LLMEngine:
                                  model.rotary.cos.shape[0])
         if not config.enable_chunked_prefill:  # without chunking a prompt must fit one step's budget
             self.max_model_len = min(self.max_model_len, config.max_num_batched_tokens)
-        self.block_manager = BlockManager(plan.num_blocks, plan.block_size, config.enable_prefix_caching,
-                                          config.prefix_caching_hash_algo)
+        self.block_manager = make_block_manager(plan.num_blocks, plan.block_size, config.enable_prefix_caching,
+                                                config.prefix_caching_hash_algo, config.prefix_cache)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self.eos_token_ids)
         cfg = self.model_config
         kv_elem_bytes = plan.bytes_per_token / (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim)
@@ -95,15 +95,17 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> Request:
+        """Queue a request; priority (lower first) orders it under scheduling_policy="priority"."""
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in the engine")
         now = time.perf_counter() if arrival_time is None else arrival_time
-        req = self._builder.build(request_id, prompt, params or SamplingParams(), now)
+        req = self._builder.build(request_id, prompt, params or SamplingParams(), now, priority)
         self.requests[request_id] = req
         for s in req.seqs:
             self.scheduler.add(s)
-        self.tracer.arrived(request_id, req.seqs, now)
+        self.tracer.arrived(request_id, req.seqs, now, self.scheduler.policy.lane(req.seqs[0]))
         return req
 
     def abort_request(self, request_id: str) -> bool:

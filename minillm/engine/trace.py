@@ -31,6 +31,8 @@ class ScheduledSeq:
     num_prefix_hit_tokens: int  # taken from the prefix cache when admitted this step
     num_prompt_tokens: int
     sampled: bool  # did this step produce an output token for it
+    priority: int = 0  # the request's (lower first under scheduling_policy="priority")
+    lane: str = ""  # "short" | "long" under scheduling_policy="length-aware", "" otherwise
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ class Arrival:
     seq_ids: tuple[int, ...]
     arrival_time: float
     num_prompt_tokens: int
+    priority: int = 0
+    lane: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,17 @@ class Preemption:
 
 
 @dataclass(frozen=True)
+class QueueEntry:
+    """A sequence in the scheduler's queues after a step, as its policy sees it (engine/policy.py)."""
+
+    seq_id: int
+    request_id: str
+    priority: int
+    lane: str  # "short" | "long" under length-aware, "" otherwise
+    running: bool  # holds KV blocks; False: waiting (preempted ones included), in admission order
+
+
+@dataclass(frozen=True)
 class SpecRecord:
     """One sequence's speculation in a step (it held lookahead slots; it may have proposed nothing)."""
 
@@ -76,6 +91,19 @@ class SpecRecord:
     bonus: bool = False  # every draft accepted (a tree: a leaf reached): the extra token came for free
     draft_parents: tuple[int, ...] = ()  # a tree of drafts: each one's parent (-1: the newest token); () a chain
     accepted_nodes: tuple[int, ...] = ()  # a tree: the accepted root-to-node path
+
+
+@dataclass(frozen=True)
+class PrefixTreeNode:
+    """One node of the radix prefix cache after a step (prefix_cache="radix"; engine/radix_tree.py)."""
+
+    node_id: int
+    parent_id: int  # -1 for the root
+    num_tokens: int  # the node's key: whole blocks' tokens
+    block_ids: tuple[int, ...]  # the physical blocks holding them
+    lock_ref: int  # sequences using this node or a node below it (0: evictable)
+    last_access: int  # the tree's logical clock at the last hit or insert (LRU order)
+    head_tokens: tuple[int, ...] = ()  # the key's first few token ids (a label)
 
 
 @dataclass(frozen=True)
@@ -157,10 +185,16 @@ class StepTrace:
     p2p_bytes: float = 0.0  # pipeline parallelism: hidden states / logits rank 0 sent and received
     # a separate draft model (speculative method "draft" with its own model): its pool and work
     draft: DraftRecord | None = None
+    # prefix_cache="radix": the tree's nodes, root first, parents before children; () otherwise
+    prefix_tree: tuple[PrefixTreeNode, ...] = ()
     # a mixture-of-experts model (models/moe.py): expert_tokens[l][e] is how many of this step's tokens
     # layer moe_layers[l] sent to expert e (each token counts once per expert of its top-k); () if dense
     moe_layers: tuple[int, ...] = ()
     expert_tokens: tuple[tuple[int, ...], ...] = ()
+    # the queues after the step (the lanes view): waiting sequences in queue order (within a lane, the
+    # order it admits them), then the running ones; scheduling_policy names the policy that keeps them
+    queue: tuple[QueueEntry, ...] = ()
+    scheduling_policy: str = "fcfs"
 
     @property
     def num_tokens(self) -> int:
@@ -196,7 +230,8 @@ class StepTrace:
     def from_dict(cls, d: dict[str, Any]) -> "StepTrace":
         nested = {
             "scheduled": ScheduledSeq, "arrivals": Arrival, "new_tokens": NewTokens,
-            "finished": Finished, "preemptions": Preemption, "spec": SpecRecord,
+            "finished": Finished, "preemptions": Preemption, "spec": SpecRecord, "prefix_tree": PrefixTreeNode,
+            "queue": QueueEntry,
         }
         kw: dict[str, Any] = {}
         for f in fields(cls):

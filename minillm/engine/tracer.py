@@ -30,9 +30,9 @@ class StepTracer:
         self._finished: list[tr.Finished] = []
 
     # ----- between steps -----------------------------------------------------------------
-    def arrived(self, request_id: str, seqs: list[Sequence], arrival_time: float) -> None:
+    def arrived(self, request_id: str, seqs: list[Sequence], arrival_time: float, lane: str = "") -> None:
         self._arrivals.append(tr.Arrival(request_id, tuple(s.seq_id for s in seqs), arrival_time,
-                                         seqs[0].num_prompt_tokens))
+                                         seqs[0].num_prompt_tokens, seqs[0].priority, lane))
 
     def finished(self, seq: Sequence) -> None:
         self._finished.append(tr.Finished(seq.seq_id, seq.request_id, seq.finish_reason or "abort",
@@ -46,6 +46,7 @@ class StepTracer:
             self.finished(seq)
         scheduled, spec = [], []
         pre = dec = n_spec = 0
+        lane = scheduler.policy.lane
         for c, picked in zip(batch.chunks, chosen):
             drafts = len(c.draft_token_ids)
             before = c.num_computed_before
@@ -63,6 +64,7 @@ class StepTracer:
             scheduled.append(tr.ScheduledSeq(
                 c.seq.seq_id, c.seq.request_id, phase, c.num_query_tokens, before,
                 before + c.num_query_tokens, c.num_prefix_hit_tokens, c.seq.num_prompt_tokens, picked is not None,
+                c.seq.priority, lane(c.seq),
             ))
             if c.num_lookahead:
                 accepted = picked.num_accepted if picked is not None else 0
@@ -102,8 +104,8 @@ class StepTracer:
             blocks_evicted=tuple(ev.evicted), blocks_shared=tuple(ev.shared),
             block_tables=tuple((s.seq_id, tuple(s.block_table)) for s in holders),
             block_ref_counts=tuple(b.ref_count for b in bm.blocks),
-            block_cached=tuple(b.block_hash is not None for b in bm.blocks),
-            free_queue=tuple(bm.free_queue),
+            block_cached=bm.cached_flags(),
+            free_queue=bm.free_order(),
             prefix_queried_tokens=ev.queried_tokens, prefix_hit_tokens=ev.hit_tokens,
             spec=tuple(spec),
             flops=cost.flops if cost else 0.0, bytes_moved=cost.bytes_moved if cost else 0.0,
@@ -112,8 +114,11 @@ class StepTracer:
             **({} if comm is None else {
                 "allreduce_bytes": float(comm.allreduce_bytes), "allgather_bytes": float(comm.allgather_bytes),
                 "comm_time_s": comm.time_s, "p2p_bytes": float(comm.p2p_bytes)}),
-            draft=draft,
+            draft=draft, prefix_tree=bm.prefix_tree_snapshot(),
             **({} if routed is None else {"moe_layers": routed.layers, "expert_tokens": routed.counts}),
+            queue=tuple(tr.QueueEntry(s.seq_id, s.request_id, s.priority, lane(s), running)
+                        for group, running in ((scheduler.waiting, False), (holders, True)) for s in group),
+            scheduling_policy=scheduler.policy.name,
         )
         self.trace.append(rec)
         self.num_steps += 1
