@@ -1,4 +1,4 @@
-"""The live dashboard: block table, batch timeline, roofline (and speculation) sharing one step cursor.
+"""The live dashboard: block table, batch timeline, roofline (speculation, radix tree) sharing one step cursor.
 
     dash = Dashboard(llm)            # or an LLMEngine; requests already added or added later
     dash                             # shows the views and Step / Run / slider
@@ -13,6 +13,7 @@ import ipywidgets as w
 
 from minillm.visualize.block_plot import block_table_figure
 from minillm.visualize.controller import StepController
+from minillm.visualize.prefix_tree_plot import prefix_tree_figure
 from minillm.visualize.roofline_plot import roofline_figure
 from minillm.visualize.roofline_view import Roofs
 from minillm.visualize.spec_plot import spec_tree_figure
@@ -40,6 +41,13 @@ class Dashboard:
             tok = getattr(engine, "tokenizer", None)
             decode = (lambda t: tok.decode([t])) if tok is not None else None
             self.spec = LiveFigure(lambda s: spec_tree_figure(self.trace, s, decode))
+        # the radix prefix cache: its tree of cached blocks, locked vs evictable
+        self.prefix_tree = None
+        if (engine is not None and engine.config.enable_prefix_caching and engine.config.prefix_cache == "radix") \
+                or any(r.prefix_tree for r in self.trace):
+            tok = getattr(engine, "tokenizer", None)
+            ids_text = (lambda ids: repr(tok.decode(list(ids)))) if tok is not None else None
+            self.prefix_tree = LiveFigure(lambda s: prefix_tree_figure(self.trace, s, ids_text))
         self.controller.observe(self._show)
         views = [self.block_table.widget] + ([self.roofline.widget] if self.roofline else [])
         self.widget = w.VBox([
@@ -47,6 +55,7 @@ class Dashboard:
             w.HBox(views, layout=w.Layout(flex_flow="row wrap")),
             self.timeline.widget,
             *([self.spec.widget] if self.spec else []),
+            *([self.prefix_tree.widget] if self.prefix_tree else []),
         ])
         if self.controller.trace:
             self.controller.show(len(self.controller.trace) - 1)
@@ -66,6 +75,8 @@ class Dashboard:
             self.roofline.show(step)
         if self.spec is not None:
             self.spec.show(step)
+        if self.prefix_tree is not None:
+            self.prefix_tree.show(step)
 
     # the controller's verbs, for code cells
     def step(self, n: int = 1) -> int:
