@@ -38,6 +38,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="int8 / fp8 (e4m3): quantized KV cache, a scale per token per head")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--prefix-cache", default="hash", choices=["hash", "radix"],
+                   help="hash: chained block hashes; radix: a token tree, least recently used leaves evicted")
     p.add_argument("--no-chunked-prefill", action="store_true")
 
 
@@ -57,7 +59,7 @@ def _make_llm(a: argparse.Namespace):
         max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
         kv_cache_memory_bytes=None if a.kv_cache_mb is None else a.kv_cache_mb * 2**20,
         enable_prefix_caching=not a.no_prefix_caching, enable_chunked_prefill=not a.no_chunked_prefill,
-        kv_cache_dtype=a.kv_cache_dtype,
+        kv_cache_dtype=a.kv_cache_dtype, prefix_cache=a.prefix_cache,
     )
 
 

@@ -4,6 +4,7 @@
     python -m minillm.bench throughput --compare transformers --num-requests 128
     python -m minillm.bench serve --num-requests 32 --max-concurrency 8
     python -m minillm.bench prefix --prefix-len 1024
+    python -m minillm.bench prefix --workload chat --json chat.json   # multi-turn: none vs hash vs radix
     python -m minillm.bench spec --json spec.json
     python -m minillm.bench tp --tp 3 --json tp.json
     python -m minillm.bench roofs --remeasure
@@ -122,11 +123,20 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--seed", type=int, default=0)
     srv.add_argument("--json", dest="json_out", default=None)
 
-    pre = sub.add_parser("prefix", help="TTFT with prefix caching on vs off for a long shared system prompt")
+    pre = sub.add_parser("prefix", help="TTFT with prefix caching on vs off for a long shared system prompt; "
+                                        "--workload chat: a multi-turn chat, no cache vs hash vs radix")
     _model_args(pre)
-    pre.add_argument("--prefix-len", type=int, default=1024)
-    pre.add_argument("--num-turns", type=int, default=8)
+    pre.add_argument("--workload", choices=["system", "chat"], default="system",
+                     help="system: one shared system prompt, turns one at a time, cache on vs off; chat: interleaved "
+                          "multi-turn conversations on a pool that must evict, none vs hash vs radix")
+    pre.add_argument("--prefix-len", type=int, default=None, help="the shared system prompt (default 1024; chat 256)")
+    pre.add_argument("--num-turns", type=int, default=None, help="user turns (default 8; chat: 4 per conversation)")
     pre.add_argument("--turn-len-range", type=int, nargs=2, default=[16, 64], metavar=("MIN", "MAX"))
+    pre.add_argument("--conversations", type=int, default=12, help="chat: conversations")
+    pre.add_argument("--answer-len", type=int, default=32, help="chat: tokens generated per turn")
+    pre.add_argument("--concurrency", type=int, default=4, help="chat: turns in flight at once")
+    pre.add_argument("--pool-fraction", type=float, default=0.5,
+                     help="chat: the KV pool as a fraction of every conversation's final turn at once")
     _run_args(pre)
 
     spc = sub.add_parser("spec", help="speculative decoding: batch-1 speed-up, acceptance and tokens per verify "
@@ -368,6 +378,32 @@ def _serve(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _prefix_chat(args: argparse.Namespace) -> dict[str, Any]:
+    from minillm.bench.minillm_subject import load_minillm
+    from minillm.bench.prefix_chat import ChatWorkload, chat_engines, format_chat, measure_chat, summarize_chat
+    from minillm.bench.report import build_report
+    from minillm.bench.runner import _context
+
+    device = _device(args)
+    wl = ChatWorkload(args.prefix_len or 256, args.conversations, args.num_turns or 4, tuple(args.turn_len_range),
+                      args.answer_len, args.concurrency, args.pool_fraction, args.seed)
+    _log(f"loading minillm ({args.dtype}, {device})")
+    subject = load_minillm(args.model, args.dtype, device)
+    cfg = subject.config
+    bs = subject.engine.config.block_size
+    blocks = wl.pool_blocks(cfg.vocab_size, bs)
+    engines = chat_engines(subject.engine, blocks)
+    raw = measure_chat(engines, wl, cfg.vocab_size, log=(lambda s: None) if args.quiet else _log)
+    summary = summarize_chat(raw)
+    settings = {"model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)", "dtype": args.dtype,
+                "device": device, "threads": torch.get_num_threads(), "seed": args.seed, "block_size": bs,
+                "num_kv_blocks": blocks, "final_turn_blocks": sum(-(-n // bs) for n in wl.final_lengths(cfg.vocab_size)),
+                "max_num_batched_tokens": subject.engine.config.max_num_batched_tokens}
+    report = build_report("prefix", **_context(None, device), settings=settings, workload=wl.to_dict(), **summary)
+    print(format_chat(summary))
+    return report
+
+
 def _prefix(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench.minillm_subject import kv_bytes_for, load_minillm
     from minillm.bench.prefix import PrefixWorkload, measure_prefix, summarize_prefix, twin_engines
@@ -375,8 +411,10 @@ def _prefix(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench.runner import _context
     from minillm.roofline.machine_state import probe_machine_state
 
+    if args.workload == "chat":
+        return _prefix_chat(args)
     device = _device(args)
-    wl = PrefixWorkload(args.prefix_len, args.num_turns, tuple(args.turn_len_range), seed=args.seed)
+    wl = PrefixWorkload(args.prefix_len or 1024, args.num_turns or 8, tuple(args.turn_len_range), seed=args.seed)
     _log(f"loading minillm ({args.dtype}, {device})")
     subject = load_minillm(args.model, args.dtype, device)
     cfg = subject.config
