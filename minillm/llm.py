@@ -15,6 +15,7 @@ import torch
 from minillm.engine.config import EngineConfig, resolve_dtype
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.outputs import RequestOutput
+from minillm.engine.request import check_priority
 from minillm.sampling_params import SamplingParams
 
 Message = dict[str, str]
@@ -66,17 +67,26 @@ class LLM:
         prompts: str | list[str] | list[list[int]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: int | list[int] | None = None,
     ) -> list[RequestOutput]:
-        """Run all prompts through continuous batching; outputs come back in input order."""
+        """Run all prompts through continuous batching; outputs come back in input order.
+
+        priority: one integer per prompt, or one for all (lower is served first; it orders requests
+        only under scheduling_policy="priority", as in vLLM)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        priorities = priority if isinstance(priority, list) else [0 if priority is None else priority] * len(prompts)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(priorities)} priorities")
+        for pr in priorities:  # every one checked before any request is queued
+            check_priority(pr)
         ids = []
-        for p, sp in zip(prompts, params):
+        for p, sp, pr in zip(prompts, params, priorities):
             rid = f"gen-{next(self._ids)}"
-            self.engine.add_request(rid, p, sp)
+            self.engine.add_request(rid, p, sp, priority=pr)
             ids.append(rid)
         results: dict[str, RequestOutput] = {}
         bar = None

@@ -3,7 +3,7 @@
 Everything a request could get wrong is checked here, before it is queued, so
 a bad request gets a clear RequestError and the engine loop never sees it: an
 empty prompt, token ids outside the vocabulary, a prompt over the context
-length, a prompt (plus max_tokens) that can never fit the KV pool.
+length, a prompt (plus max_tokens) that can never fit the KV pool, a priority that is not an integer.
 """
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ class RequestError(ValueError):
     """A request the engine refuses up front (it never enters the queue)."""
 
 
+def check_priority(priority: object, request_id: str | None = None) -> None:
+    """A request's priority is a plain integer (any sign; lower is served first)."""
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        who = f"request {request_id!r}: " if request_id is not None else ""
+        raise RequestError(f"{who}priority must be an integer (lower is served first), got {priority!r}")
+
+
 @dataclass
 class Request:
     request_id: str
@@ -30,6 +37,7 @@ class Request:
     params: SamplingParams
     seqs: list[Sequence]
     arrival_time: float
+    priority: int = 0  # lower is served first under scheduling_policy="priority" (vLLM's meaning)
 
     @property
     def finished(self) -> bool:
@@ -73,8 +81,10 @@ class RequestBuilder:
     def __post_init__(self) -> None:
         self._seq_ids = itertools.count()
 
-    def build(self, request_id: str, prompt: str | list[int], params: SamplingParams, now: float) -> Request:
+    def build(self, request_id: str, prompt: str | list[int], params: SamplingParams, now: float,
+              priority: int = 0) -> Request:
         params.validate()
+        check_priority(priority, request_id)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("this engine has no tokenizer: pass prompt token ids")
@@ -109,8 +119,8 @@ class RequestBuilder:
                 gen = torch.Generator(device=self.device).manual_seed(params.seed + i)
             detok = IncrementalDetokenizer(self.tokenizer, ids, params) if self.tokenizer is not None else None
             seq = Sequence(next(self._seq_ids), request_id, i, list(ids), len(ids), params, now,
-                           max_tokens=max_tokens, generator=gen, detokenizer=detok)
+                           max_tokens=max_tokens, priority=priority, generator=gen, detokenizer=detok)
             if i > 0:
                 seq.wait_for_parent = seqs[0]
             seqs.append(seq)
-        return Request(request_id, text, list(ids), params, seqs, now)
+        return Request(request_id, text, list(ids), params, seqs, now, priority)

@@ -11,10 +11,13 @@ sequence's computed tokens, register full blocks in the prefix cache, append
 the chosen tokens (stop checks live in Sequence.append_token), roll back
 rejected speculative slots, and free finished sequences' blocks.
 
-Order is first-come, first-served. Running sequences are served first; when
-the pool has no block for one of them, the most recently admitted running
-sequence is preempted (its blocks are freed and it will be recomputed from
-scratch -- "preemption by recompute") and goes back to the front of the queue.
+Running sequences are served first; when the pool has no block for one of
+them, the sequence at the back of the running list is preempted (its blocks
+are freed and it will be recomputed from scratch -- "preemption by recompute")
+and goes back to the waiting queue. The order of both lists is the scheduling
+policy's (engine/policy.py): first-come, first-served by default (the most
+recently admitted sequence is preempted first), vLLM's priority order, or a
+short-request lane.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from minillm.engine.batch import PreemptionRecord, ScheduledBatch, ScheduledChunk
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.config import EngineConfig
+from minillm.engine.policy import make_policy
 from minillm.engine.sequence import Sequence, SequenceStatus
 
 
@@ -57,12 +61,14 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.parked: list[Sequence] = []  # n > 1 siblings waiting for the first one's prompt
         self.num_lookahead_slots = 0  # speculative decoding: k draft slots per decoding sequence
+        self.policy = make_policy(config.scheduling_policy, config.max_num_seqs, config.short_lane_max_tokens,
+                                  config.short_lane_share, config.long_lane_max_wait_steps)
 
     def add(self, seq: Sequence) -> None:
         if seq.wait_for_parent is not None:
             self.parked.append(seq)
         else:
-            self.waiting.append(seq)
+            self.policy.enqueue(self.waiting, seq)
 
     @property
     def has_unfinished(self) -> bool:
@@ -84,8 +90,9 @@ class Scheduler:
         out = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledChunk] = []
+        self.policy.begin_step(self.waiting, self.running)  # it may reorder running: the back is the victim
 
-        # 1. running sequences, oldest first; preempt from the back when the pool is full
+        # 1. running sequences in the policy's order (fcfs: oldest first); preempt from the back when the pool is full
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -107,10 +114,13 @@ class Scheduler:
                 continue
             # seq itself was preempted; the list shrank, keep index
 
-        # 2. waiting sequences in arrival order, while budget, seats and blocks last.
-        # After a preemption no new sequence is admitted this step (it would just be evicted again).
+        # 2. waiting sequences in the policy's order (fcfs: arrival), while budget, seats and blocks last;
+        # the first that does not fit stops admission. After a preemption no new sequence is admitted
+        # this step (it would just be evicted again).
         while self.waiting and budget > 0 and not out.preempted and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+            seq = self.policy.next_waiting(self.waiting, self.running)
+            if seq is None:
+                break
             fresh = seq.num_computed_tokens == 0  # not a child that already shares its parent's blocks
             cached = self.bm.find_cached_prefix(seq) if fresh else []
             remaining = seq.num_tokens - seq.num_computed_tokens - len(cached) * self.bm.block_size
@@ -119,7 +129,10 @@ class Scheduler:
             n = min(remaining, budget)
             if not self.bm.can_allocate(seq, n, cached):
                 break
-            self.waiting.popleft()
+            if self.waiting[0] is seq:
+                self.waiting.popleft()
+            else:
+                self.waiting.remove(seq)
             before_hits = seq.num_computed_tokens
             if fresh:
                 self.bm.note_prefix_query(seq.num_tokens)
@@ -143,7 +156,7 @@ class Scheduler:
         self.bm.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self.policy.enqueue(self.waiting, seq, front=True)
         out.preempted.append(PreemptionRecord(seq, reason, nblocks, ntok))
 
     # ----- after the model ran -------------------------------------------------------------
@@ -194,7 +207,7 @@ class Scheduler:
             # the partial last block is recomputed by the child's own short prefill.
             self.bm.share_prefix(child, parent, min(full, (child.num_tokens - 1) // self.bm.block_size))
             child.num_cached_tokens = child.num_computed_tokens
-            self.waiting.appendleft(child)
+            self.policy.enqueue(self.waiting, child, front=True)
 
     def finish(self, seq: Sequence) -> None:
         if seq in self.running:

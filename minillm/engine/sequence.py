@@ -31,6 +31,7 @@ class Sequence:
     params: SamplingParams
     arrival_time: float
     max_tokens: int = 2**31  # effective output limit: params.max_tokens clipped to the context and the pool
+    priority: int = 0  # the request's (vLLM's field): lower is served first under scheduling_policy="priority"
     status: SequenceStatus = SequenceStatus.WAITING
     # Tokens whose K/V are in the cache. The scheduler gives each step a chunk
     # that brings this closer to len(token_ids): a prefill chunk, or 1 decode token.

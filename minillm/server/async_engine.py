@@ -89,6 +89,7 @@ class _Add:
     stream: RequestStream
     prompt: list[int] | str
     params: SamplingParams
+    priority: int = 0
 
 
 @dataclass
@@ -136,7 +137,8 @@ class AsyncEngine:
             return len(self._streams)
 
     # ----- asyncio side -------------------------------------------------------------------
-    async def add_request(self, request_id: str, prompt: list[int] | str, params: SamplingParams) -> RequestStream:
+    async def add_request(self, request_id: str, prompt: list[int] | str, params: SamplingParams,
+                          priority: int = 0) -> RequestStream:
         """Queue a request; returns once the engine took it. Raises RequestError/ValueError for bad input."""
         stream = RequestStream(request_id, asyncio.get_running_loop())
         with self._lock:
@@ -146,7 +148,7 @@ class AsyncEngine:
             if request_id in self._streams:
                 raise RequestError(f"request id {request_id!r} is already in the engine")
             self._streams[request_id] = stream
-        self._commands.put(_Add(stream, prompt, params))
+        self._commands.put(_Add(stream, prompt, params, priority))
         try:
             await stream.accepted
         except asyncio.CancelledError:
@@ -197,7 +199,7 @@ class AsyncEngine:
         if isinstance(c, _Add):
             rid = c.stream.request_id
             try:
-                self.engine.add_request(rid, c.prompt, c.params)
+                self.engine.add_request(rid, c.prompt, c.params, priority=c.priority)
             except Exception as e:  # refused up front: nothing entered the engine
                 with self._lock:
                     self._streams.pop(rid, None)

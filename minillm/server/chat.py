@@ -42,7 +42,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, state
 
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     sub = Submitted(state.engine)
-    await sub.add(rid, ids, params)
+    await sub.add(rid, ids, params, req.priority)
     cursors = [Cursor() for _ in range(params.n)]
     created = int(time.time())
     usage = UsageInfo(prompt_tokens=len(ids))

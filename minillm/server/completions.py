@@ -45,7 +45,7 @@ async def create_completion(req: CompletionRequest, raw: Request, state: ServerS
     sub = Submitted(state.engine)
     try:
         for i, ids in enumerate(ids_list):
-            await sub.add(f"{rid}-{i}", ids, params)
+            await sub.add(f"{rid}-{i}", ids, params, req.priority)
     except BaseException:
         sub.close()
         raise

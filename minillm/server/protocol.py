@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 
 class _Request(BaseModel):
@@ -43,6 +43,7 @@ class SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     repetition_penalty: float | None = None
+    priority: StrictInt = 0  # vLLM's: lower is served first when the server runs --scheduling-policy priority
 
 
 class CompletionRequest(SamplingFields):

@@ -31,9 +31,9 @@ class Submitted:
     engine: AsyncEngine
     streams: list[RequestStream] = field(default_factory=list)
 
-    async def add(self, request_id: str, ids: list[int], params: SamplingParams) -> None:
+    async def add(self, request_id: str, ids: list[int], params: SamplingParams, priority: int = 0) -> None:
         try:
-            self.streams.append(await self.engine.add_request(request_id, ids, params))
+            self.streams.append(await self.engine.add_request(request_id, ids, params, priority))
         except ValueError as e:  # RequestError and friends: the client's input
             raise bad_request(str(e), "prompt" if "prompt" in str(e) else None) from e
 
