@@ -18,7 +18,7 @@ from minillm.engine.cuda_graphs import DecodeGraphs
 from minillm.engine.executor import Executor
 from minillm.engine.kv_cache import KVCachePlan, KVCachePool, plan_kv_cache
 from minillm.models.llama import LlamaForCausalLM
-from minillm.models.moe import RoutedTokens, moe_blocks, take_routed_tokens
+from minillm.models.moe import RoutedTokens, moe_blocks, reset_routed_tokens, take_routed_tokens
 from minillm.models.skinny_linear import use_skinny_linears
 from minillm.quant.linear import QuantLinear
 
@@ -62,7 +62,8 @@ class ModelRunner(Executor):
                 use_skinny_linears(model)
         self.backend = make_attention_backend(config.backend_for(self.device))
         graphs = use_cuda_graphs(config, self.device) if graphs is None else graphs
-        if moe_blocks(model):
+        self.moe_blocks = moe_blocks(model)
+        if self.moe_blocks:
             check_moe_options(config)
             graphs = False
         self.pool = KVCachePool(model.config, self.plan, self.device, scratch_blocks=1 if graphs else 0)
@@ -100,6 +101,7 @@ class ModelRunner(Executor):
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> torch.Tensor | None:
         self.attach()
+        reset_routed_tokens(self.moe_blocks)  # the step's counts are this forward's only
         dev = self.device
         if self.decode_graphs is not None and self.decode_graphs.fits(batch):
             hidden = self.decode_graphs.run(batch)  # a replay: the batch padded to its bucket

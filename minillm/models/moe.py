@@ -135,6 +135,12 @@ class RoutedTokens:
     counts: tuple[tuple[int, ...], ...]
 
 
+def reset_routed_tokens(blocks: list[SparseMoeBlock]) -> None:
+    """Drop counts from forwards outside the engine's steps (a standalone forward, a warm-up)."""
+    for b in blocks:
+        b.routed_tokens.zero_()
+
+
 def take_routed_tokens(model: nn.Module) -> RoutedTokens | None:
     """The counts since the last call (counters reset); one small int tensor per layer, read in one copy.
 
