@@ -42,6 +42,10 @@ class LLM:
         if config.quantization is not None or config.quantize_lm_head:
             from minillm.quant.apply import quantize_loaded
 
+            if self.loaded.config.is_moe:  # its layers have experts where the quantizers look for one MLP
+                raise ValueError(f"quantization is not supported for mixture-of-experts models "
+                                 f"({self.loaded.config.model_type}: {self.loaded.config.num_experts} experts)")
+
             self.quantization_report = quantize_loaded(self.loaded, config.quantization,
                                                        config.quantization_group_size, lm_head=config.quantize_lm_head)
         self.tokenizer = self.loaded.tokenizer

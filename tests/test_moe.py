@@ -201,6 +201,8 @@ def test_bad_moe_configs_are_clear_errors(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="compile=True is not supported for mixture-of-experts"):
         LLM(str(folder), compile=True, **ENGINE)
+    with pytest.raises(ValueError, match="quantization is not supported for mixture-of-experts models"):
+        LLM(str(folder), quantization="int8", **ENGINE)
 
 
 def test_missing_expert_tensor_is_named(tiny):
