@@ -41,6 +41,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache", default="hash", choices=["hash", "radix"],
                    help="hash: chained block hashes; radix: a token tree, least recently used leaves evicted")
     p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority", "length-aware"],
+                   help="fcfs; priority: a request's priority, lower first (vLLM's); length-aware: a short-request lane")
 
 
 def _sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -59,7 +61,7 @@ def _make_llm(a: argparse.Namespace):
         max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
         kv_cache_memory_bytes=None if a.kv_cache_mb is None else a.kv_cache_mb * 2**20,
         enable_prefix_caching=not a.no_prefix_caching, enable_chunked_prefill=not a.no_chunked_prefill,
-        kv_cache_dtype=a.kv_cache_dtype, prefix_cache=a.prefix_cache,
+        kv_cache_dtype=a.kv_cache_dtype, prefix_cache=a.prefix_cache, scheduling_policy=a.scheduling_policy,
     )
 
 

@@ -28,7 +28,8 @@ The policies (EngineConfig.scheduling_policy):
                     admitted (short requests only into seats its lane could not use anyway) -- so it
                     waits at most that many steps plus the time for a seat within the long lane's
                     share, its blocks and its budget to free as running sequences finish: with budget
-                    and blocks to spare, N + (the longest max_tokens) + 1 steps at the head of its lane.
+                    and blocks to spare, at most N + R - 1 steps at the head of its lane, R = the longest
+                    max_tokens (a sequence holds its seat for max_tokens steps; tests/test_scheduling_policy.py).
                     Long sequences are preempted before short ones.
 
 Within a policy's order admission is strict: when the next sequence does not fit, nothing behind

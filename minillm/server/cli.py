@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--prefix-cache", default="hash", choices=["hash", "radix"],
                    help="hash: chained block hashes; radix: a token tree, least recently used leaves evicted")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority", "length-aware"],
+                   help="fcfs; priority: a request's priority, lower first (vLLM's); length-aware: a short-request lane")
     p.add_argument("--max-queue-len", type=int, default=1024,
                    help="waiting + running requests beyond which new ones get HTTP 429")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -60,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.max_model_len, block_size=args.block_size,
               kv_cache_memory_bytes=None if args.kv_cache_mb is None else args.kv_cache_mb * 2**20,
-              enable_prefix_caching=not args.no_prefix_caching, prefix_cache=args.prefix_cache)
+              enable_prefix_caching=not args.no_prefix_caching, prefix_cache=args.prefix_cache,
+              scheduling_policy=args.scheduling_policy)
     app = create_app(llm.engine, llm.tokenizer, served_name(args), max_queue_len=args.max_queue_len)
     # open streams would otherwise hold a Ctrl-C shutdown forever; after 5 s they are cut (and aborted)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
