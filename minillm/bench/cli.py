@@ -54,7 +54,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="transformers' KV cache implementation")
     p.add_argument("--threads", type=int, default=None, help="torch threads for every subject (default: torch's)")
     p.add_argument("--compile", action="store_true", help="minillm with torch.compile'd decode steps")
-    p.add_argument("--quantization", choices=["int8", "int4", "int4-awq", "gptq", "gguf"], default=None,
+    p.add_argument("--quantization", choices=["int8", "int4", "int4-awq", "gptq", "w8a8", "fp8", "gguf"], default=None,
                    help="minillm's weight-only quantization (peers keep their own weights)")
     p.add_argument("--quantize-lm-head", action="store_true", help="minillm's LM head in int8 too")
     p.add_argument("--json", dest="json_out", default=None, help="write the full report here")
@@ -83,6 +83,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from minillm.bench.quant import DEFAULT_SETTINGS as QUANT_SETTINGS
+
     parser = argparse.ArgumentParser(prog="minillm bench", description="Measure minillm, optionally beside peers.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -175,12 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     qnt = sub.add_parser("quant", help="weight/KV quantization: batch-1 decode tok/s per setting, bytes per "
                                        "token and the bandwidth roof of each")
     qnt.add_argument("--model", default=None, help="a name from `minillm models`, a Hugging Face folder or Hub repo id, or a GGUF file (default: SmolLM2-135M-Instruct)")
-    qnt.add_argument("--settings", default="float,int8,int4,gguf,gguf+head8,kv-int8,int4+head8+kv-int8",
-                     help="comma list: float, int8, int4, int4-awq, gptq, gguf, head8 (int8 LM head), kv-int8, kv-fp8, "
-                          "joined with '+'")
+    qnt.add_argument("--settings", default=",".join(QUANT_SETTINGS),
+                     help="comma list: float, int8, int4, int4-awq, gptq, w8a8, fp8, gguf, head8 (int8 LM head), "
+                          "kv-int8, kv-fp8, joined with '+'")
     qnt.add_argument("--group-size", type=int, default=None, help="int4 group size: 32, 64, 128 or 256 (default 32)")
     qnt.add_argument("--prompt-len", type=int, default=32)
     qnt.add_argument("--output-len", type=int, default=64)
+    qnt.add_argument("--prefill-len", type=int, default=256, help="tokens of the timed prefill prompt (0: no prefill)")
+    qnt.add_argument("--quality-windows", type=int, default=2,
+                     help="perplexity/agreement on this many windows of the eval text (0: skip)")
+    qnt.add_argument("--quality-len", type=int, default=256, help="tokens per quality window")
     qnt.add_argument("--repeats", type=int, default=3)
     qnt.add_argument("--llama-cpp", choices=["auto", "off"], default="auto",
                      help="auto: llama.cpp decodes the same GGUF in this run when llama-cpp-python is installed "
@@ -518,8 +524,10 @@ def _quant(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"minillm bench quant: {e}")
     roofs = _roofs(args, "cpu")
     bw = roofs.bandwidth_bytes_per_s if roofs is not None else None
-    wl = LatencyWorkload(args.prompt_len, args.output_len, 0, args.seed)
     loaded = load_model(args.model, dtype=torch.float32)
+    # the prefill prompt plus its one generated token must fit the model's context
+    prefill = min(args.prefill_len, loaded.model.config.max_position_embeddings - 1)
+    wl = LatencyWorkload(args.prompt_len, args.output_len, prefill, args.seed)
     # llama.cpp on the same GGUF, in this run, or no ratio at all (never a figure typed into the code)
     args.compare = ["llama.cpp"] if args.llama_cpp == "auto" else []
     peers = _llama_cpp_subjects(args) if args.llama_cpp == "auto" else []
@@ -528,6 +536,7 @@ def _quant(args: argparse.Namespace) -> dict[str, Any]:
     peer_rows: list[PeerDecodeRow] = []
     try:
         rows = measure_quant(loaded, settings, wl, bw, args.repeats, args.group_size,
+                             quality_windows=args.quality_windows, quality_len=args.quality_len,
                              log=(lambda s: None) if args.quiet else _log, peers=peers, peer_rows=peer_rows)
     finally:
         for p in peers:
@@ -536,6 +545,9 @@ def _quant(args: argparse.Namespace) -> dict[str, Any]:
     report = build_report("quant", **_context(roofs, "cpu"), workload=wl,
                           settings={"model": args.model or "default", "threads": torch.get_num_threads(),
                                     "group_size": args.group_size, "settings": list(settings),
+                                    "quality": {"text": "pydoc_data.topics, eval split", "windows": args.quality_windows,
+                                                "tokens_per_window": args.quality_len},
+                                    "fp8_on_cpu": "e4m3 weights stored, dequantized on every call",
                                     **_llama_cpp_settings(args)},
                           rows=[r.to_dict() for r in rows], llama_cpp_decode=[p.to_dict() for p in peer_rows],
                           ratios_to_llama_cpp=peer_ratios(rows, peer_rows))

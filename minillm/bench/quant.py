@@ -1,4 +1,4 @@
-"""`minillm bench quant`: batch-1 decode speed per quantization setting, beside its bandwidth roof.
+"""`minillm bench quant`: per quantization setting, size, memory, quality and speed, beside the bandwidth roof.
 
 Every setting gets its own engine over its own copy of the model (loaded once,
 quantized per setting); decode repeats alternate the order of the settings so
@@ -10,7 +10,15 @@ a drifting shared machine hits all alike. For each setting the report holds:
   the workload's contexts;
 - the bandwidth roof: the measured bandwidth roof / bytes per step, the speed
   if the step were nothing but reading those bytes once;
-- measured decode tok/s and its fraction of the roof.
+- measured decode tok/s and its fraction of the roof;
+- memory: every weight byte the model keeps (minillm.quant.footprint.model_bytes);
+- prefill tok/s of one `prefill_len`-token prompt (one step: every linear an M = prefill_len
+  GEMM, where int8 x int8 GEMMs (w8a8) raise the compute roof), when prefill_len > 0;
+- perplexity, its change and top-1 agreement with the float model on `quality_windows`
+  windows of the eval split of pydoc_data.topics (minillm.eval), when quality_windows > 0.
+
+fp8 on CPU stores e4m3 weights and dequantizes them on every call (minillm.quant.fp8):
+its row shows the memory saved and the time that costs, not fp8 arithmetic.
 
 llama.cpp: where llama-cpp-python is installed and the model is a GGUF file,
 llama.cpp decodes the same prompts from the same file in the same run (with
@@ -29,7 +37,8 @@ from typing import Any, Callable, Sequence
 
 from minillm.bench.workload import LatencyWorkload
 
-DEFAULT_SETTINGS = ("float", "int8", "int4", "gguf", "gguf+head8", "kv-int8", "int4+head8+kv-int8")
+DEFAULT_SETTINGS = ("float", "int8", "int4", "int4-awq", "gptq", "w8a8", "fp8", "gguf", "gguf+head8", "kv-int8",
+                    "int4+head8+kv-int8")
 
 
 @dataclass
@@ -41,14 +50,24 @@ class QuantSubjectRow:
     roof_tok_s: float | None
     load_s: float
     tok_s: list[float] = field(default_factory=list)
+    model_bytes: int | None = None
+    prefill_tok_s: list[float] = field(default_factory=list)
+    perplexity: float | None = None
+    ppl_change_pct: float | None = None  # vs the float model on the same windows
+    top1_agreement: float | None = None
 
     @property
     def median_tok_s(self) -> float:
         return statistics.median(self.tok_s) if self.tok_s else float("nan")
 
+    @property
+    def median_prefill_tok_s(self) -> float | None:
+        return statistics.median(self.prefill_tok_s) if self.prefill_tok_s else None
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["median_tok_s"] = self.median_tok_s
+        d["median_prefill_tok_s"] = self.median_prefill_tok_s
         d["roof_fraction"] = self.median_tok_s / self.roof_tok_s if self.roof_tok_s else None
         return d
 
@@ -97,14 +116,16 @@ def measure_quant(
     loaded, settings: tuple[str, ...], workload: LatencyWorkload, bandwidth: float | None,
     repeats: int = 3, group_size: int | None = None, log: Callable[[str], None] = lambda s: None,
     peers: Sequence[Any] = (), peer_rows: list[PeerDecodeRow] | None = None,
+    quality_windows: int = 0, quality_len: int = 256,
 ) -> list[QuantSubjectRow]:
     """One row per setting. `peers` (subjects with .name and .decode) decode the same prompts, interleaved
     with the settings; their timings are appended to `peer_rows`."""
     from minillm.attention.kv_quant import kv_bytes_per_token, resolve_kv_cache_dtype
-    from minillm.quant.footprint import weight_bytes_per_token
+    from minillm.quant.footprint import model_bytes, weight_bytes_per_token
 
     cfg = loaded.model.config
     subjects, rows = [], []
+    quality = _QualityProbe(loaded, quality_windows, quality_len) if quality_windows > 0 else None
     contexts = range(workload.prompt_len + 1, workload.prompt_len + workload.output_len)
     for name in settings:
         t0 = time.perf_counter()
@@ -114,9 +135,14 @@ def measure_quant(
         kv_read = kv_tok * statistics.mean(contexts)
         wb = weight_bytes_per_token(model)
         roof = bandwidth / (wb + kv_read) if bandwidth else None
-        rows.append(QuantSubjectRow(name, wb, kv_tok, kv_read, roof, round(time.perf_counter() - t0, 2)))
+        rows.append(QuantSubjectRow(name, wb, kv_tok, kv_read, roof, round(time.perf_counter() - t0, 2),
+                                    model_bytes=model_bytes(model)))
         subjects.append(subj)
         log(f"built {name}: {wb / 1e6:.1f} MB weights/token, {kv_tok} B KV/token ({rows[-1].load_s}s)")
+        if quality is not None:
+            quality.score(rows[-1], model, s.kv_cache_dtype)
+            _attach(subj)  # scoring bound its own KV pool to the model
+            log(f"quality {name}: perplexity {rows[-1].perplexity:.3f}, top-1 agreement {rows[-1].top1_agreement:.4f}")
     peer_out = [PeerDecodeRow(p.name) for p in peers]
     if peer_rows is not None:
         peer_rows.extend(peer_out)
@@ -134,7 +160,34 @@ def measure_quant(
             timed[i].tok_s.append(run.decode_tok_s)
             label = getattr(timed[i], "setting", None) or timed[i].name
             log(f"decode {label:20s} repeat {r}: {run.decode_tok_s:7.2f} tok/s")
+        if workload.prefill_len > 0:
+            long_prompt = workload.prefill_prompt(r, cfg.vocab_size)
+            for i in order if r % 2 == 0 else order[::-1]:
+                if i >= len(subjects):
+                    continue  # peers decode only
+                _attach(subjects[i])
+                ttft = subjects[i].prefill(long_prompt)
+                rows[i].prefill_tok_s.append(len(long_prompt) / ttft)
+                log(f"prefill {rows[i].setting:20s} repeat {r}: {rows[i].prefill_tok_s[-1]:7.1f} tok/s")
     return rows
+
+
+class _QualityProbe:
+    """Perplexity and top-1 agreement of each setting's model against the float model, on the same windows."""
+
+    def __init__(self, loaded, num_windows: int, length: int) -> None:
+        from minillm.eval import corpus_tokens, score_windows, windows
+
+        self.wins = windows(corpus_tokens(loaded.tokenizer, "eval", num_windows * length), length, num_windows)
+        self.base = score_windows(loaded.model, self.wins, chunk_size=64)
+
+    def score(self, row: QuantSubjectRow, model, kv_cache_dtype: str) -> None:
+        from minillm.eval import score_windows
+
+        got = score_windows(model, self.wins, chunk_size=64, kv_cache_dtype=kv_cache_dtype)
+        row.perplexity = got.perplexity
+        row.ppl_change_pct = 100.0 * (got.perplexity / self.base.perplexity - 1.0)
+        row.top1_agreement = (got.top1 == self.base.top1).double().mean().item()
 
 
 def _attach(subject: Any) -> None:
@@ -149,15 +202,29 @@ def format_quant(rows: list[QuantSubjectRow], bandwidth: float | None, peers: Se
     bw = f"{bandwidth / 1e9:.1f} GB/s" if bandwidth else "not measured"
     measured = [p for p in peers if p.tok_s]
     ratios = peer_ratios(rows, measured)
-    lines = [f"batch-1 decode per setting (bandwidth roof {bw})",
-             f"{'setting':20s} {'W MB/tok':>9s} {'KV B/tok':>9s} {'roof tok/s':>10s} {'tok/s':>8s} {'of roof':>8s}"
+    lines = [f"per setting: weights streamed per decoded token, memory, batch-1 decode (bandwidth roof {bw}), "
+             f"prefill, quality against the float model",
+             f"{'setting':20s} {'W MB/tok':>9s} {'mem MB':>7s} {'KV B/tok':>9s} {'roof tok/s':>10s} {'tok/s':>8s} "
+             f"{'of roof':>8s} {'prefill/s':>9s} {'ppl':>7s} {'d ppl %':>7s} {'top-1':>6s}"
              + "".join(f" {'vs ' + p.name:>22s}" for p in measured)]
+
+    def opt(v, spec: str, width: int) -> str:  # spec: sign and precision, e.g. "+.2f"
+        if v is None:
+            return f"{'n/a':>{width}s}"
+        sign = "+" if spec.startswith("+") else ""
+        return format(v, f"{sign}{width}{spec.lstrip('+')}")
+
     for r in rows:
         d = r.to_dict()
         roof = f"{r.roof_tok_s:10.1f}" if r.roof_tok_s else f"{'n/a':>10s}"
         frac = f"{d['roof_fraction']:8.1%}" if d["roof_fraction"] else f"{'n/a':>8s}"
-        lines.append(f"{r.setting:20s} {r.weight_bytes_per_token / 1e6:9.1f} {r.kv_bytes_per_token:9d} {roof} "
-                     f"{r.median_tok_s:8.1f} {frac}" + "".join(f" {ratios[r.setting][p.name]:22.2f}" for p in measured))
+        mem = opt(r.model_bytes / 1e6 if r.model_bytes else None, ".1f", 7)
+        lines.append(f"{r.setting:20s} {r.weight_bytes_per_token / 1e6:9.1f} {mem} {r.kv_bytes_per_token:9d} {roof} "
+                     f"{r.median_tok_s:8.1f} {frac} {opt(r.median_prefill_tok_s, '.1f', 9)} "
+                     f"{opt(r.perplexity, '.3f', 7)} {opt(r.ppl_change_pct, '+.2f', 7)} {opt(r.top1_agreement, '.3f', 6)}"
+                     + "".join(f" {ratios[r.setting][p.name]:22.2f}" for p in measured))
+    if any(r.setting.split("+")[0] == "fp8" for r in rows):
+        lines.append("fp8 here: e4m3 weights stored, dequantized on every call (no fp8 arithmetic on this CPU)")
     for p in measured:
         lines.append(f"{p.name}: {p.median_tok_s:.1f} tok/s (median of {len(p.tok_s)}, same prompts, this run)")
     if not measured:

@@ -38,7 +38,7 @@ class EngineConfig:
     dtype: str | torch.dtype = "auto"  # "auto": bfloat16 on CUDA, float32 elsewhere
     device: str | None = None  # default: cuda when available, else cpu
     seed: int = 0
-    quantization: str | None = None  # weight-only: "int8" | "int4" | "int4-awq" | "gptq" | "gguf"
+    quantization: str | None = None  # "int8" | "int4" | "int4-awq" | "gptq" | "gguf" (weight-only), "w8a8", "fp8"
     quantization_group_size: int | None = None  # int4 / int4-awq / gptq: 32 (default), 64 or 128
     quantize_lm_head: bool = False  # an int8 LM head (the embedding stays float)
     # --- the paged KV cache ---------------------------------------------------------------

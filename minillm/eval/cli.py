@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("ppl", help="perplexity + top-1 agreement with the float model, per quantization setting")
     q.add_argument("--model", default=None, help="model path (default: SmolLM2-135M-Instruct GGUF)")
     q.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
-                   help="comma separated: float, int8, int4, int4-awq, gptq, gguf, head8 (int8 LM head), kv-int8, kv-fp8, "
+                   help="comma separated: float, int8, int4, int4-awq, gptq, w8a8, fp8, gguf, head8 (int8 LM head), kv-int8, kv-fp8, "
                         "joined with '+'")
     q.add_argument("--context-len", type=int, default=d.context_len)
     q.add_argument("--windows", type=int, default=d.max_windows, help="number of context-length windows scored")

@@ -1,9 +1,9 @@
 """Perplexity and top-1 agreement of quantization settings against the float model.
 
 A setting names a weight method and/or a KV cache dtype, joined by "+":
-"float", "int8", "int4", "int4-awq", "gptq", "gguf", "kv-int8", "kv-fp8", and
+"float", "int8", "int4", "int4-awq", "gptq", "w8a8", "fp8", "gguf", "kv-int8", "kv-fp8", and
 "head8" (an int8 LM head), e.g. "int4+head8+kv-int8". Every setting scores the same fixed slice of
-pydoc_data.topics (the "eval" split; AWQ and GPTQ calibrate on the disjoint "calib"
+pydoc_data.topics (the "eval" split; AWQ, GPTQ and SmoothQuant calibrate on the disjoint "calib"
 split) through the paged path (minillm.eval.paged), on its own copy of the
 float model loaded once.
 """

@@ -19,13 +19,14 @@ from minillm.quant.gptq import CALIB_LEN as GPTQ_CALIB_LEN, CALIB_WINDOWS as GPT
 from minillm.quant.int4 import SUPPORTED_GROUP_SIZES, check_group_size
 from minillm.quant.linear import QuantLinear
 
-METHODS = ("int8", "int4", "int4-awq", "gptq")
+METHODS = ("int8", "int4", "int4-awq", "gptq", "w8a8", "fp8")
 GROUPED = ("int4", "int4-awq", "gptq")  # the int4-group methods: quantization_group_size applies
 DEFAULT_GROUP_SIZE = 32
 LLM_METHODS = METHODS + ("gguf",)  # "gguf": keep the file's Q4_0/Q4_1/Q4_K codes (minillm.quant.gguf)
 TARGETS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 # methods that calibrate: (windows, tokens per window) of the "calib" split of pydoc_data.topics
-CALIBRATION = {"int4-awq": (4, 64), "gptq": (GPTQ_CALIB_WINDOWS, GPTQ_CALIB_LEN)}
+# (w8a8: SmoothQuant's per-channel activation maxima)
+CALIBRATION = {"int4-awq": (4, 64), "gptq": (GPTQ_CALIB_WINDOWS, GPTQ_CALIB_LEN), "w8a8": (16, 128)}
 
 
 def check_method(method: str) -> None:
@@ -142,20 +143,26 @@ def quantize_model(
     awq_grid: int = 11,
     awq_max_rows: int = 256,
     use_cpu_kernels: bool = True,
+    smooth_alpha: float = 0.5,
 ) -> LlamaForCausalLM:
     """Quantize in place and return the model.
 
-    method: "int8" (per output channel), "int4" (groups, round-to-nearest) or
+    method: "int8" (per output channel), "int4" (groups, round-to-nearest),
     "int4-awq" (groups, activation-aware scales searched on ``calibration``,
-    token windows [n, len]). group_size: int4 only; None = DEFAULT_GROUP_SIZE
-    (32). use_cpu_kernels: on CPU, lay weights
+    token windows [n, len]), "gptq" (groups, error-compensated on ``calibration``:
+    minillm.quant.gptq), "w8a8" (SmoothQuant with ``smooth_alpha``, int8 x int8
+    GEMMs: minillm.quant.smoothquant) or "fp8" (e4m3 per output channel:
+    minillm.quant.fp8). group_size: the int4 methods only; None =
+    DEFAULT_GROUP_SIZE (32). use_cpu_kernels: on CPU, lay weights
     out for torch's int8/int4 matmul kernels (else the dequantize reference path).
     """
+    from minillm.quant.footprint import PACKED
+
     check_method(method)
-    if any(isinstance(m, QuantLinear) for m in model.modules()):
+    if any(isinstance(m, PACKED) for m in model.modules()):
         raise ValueError("this model is already quantized")
     bits = 8 if method == "int8" else 4
-    g = resolve_group_size(model, group_size) if bits == 4 else None
+    g = resolve_group_size(model, group_size) if method in GROUPED else None
     if method not in GROUPED and group_size is not None:
         raise ValueError(f"group_size applies to int4 methods only, not {method!r}")
     if method == "gptq":
@@ -164,6 +171,18 @@ def quantize_model(
         from minillm.quant.gptq import gptq_quantize_model
 
         gptq_quantize_model(model, calibration, g, use_cpu_kernels=use_cpu_kernels)
+        return model
+    if method == "w8a8":
+        if calibration is None:
+            raise ValueError("w8a8 needs calibration token windows (minillm.eval.corpus_tokens(tok, 'calib'))")
+        from minillm.quant.smoothquant import smoothquant_model
+
+        smoothquant_model(model, calibration, smooth_alpha)
+        return model
+    if method == "fp8":
+        from minillm.quant.fp8 import fp8_quantize_model
+
+        fp8_quantize_model(model)
         return model
     inputs: dict[str, torch.Tensor] = {}
     if method == "int4-awq":

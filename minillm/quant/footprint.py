@@ -14,8 +14,10 @@ from torch import nn
 
 from minillm.quant.gguf_linear import GGUFLinear
 from minillm.quant.linear import QuantLinear
+from minillm.quant.fp8 import FP8Linear
+from minillm.quant.w8a8 import W8A8Linear
 
-PACKED = (QuantLinear, GGUFLinear)  # layers whose weights live in buffers (codes, scales, GGUF blocks)
+PACKED = (QuantLinear, GGUFLinear, W8A8Linear, FP8Linear)  # weights in buffers (codes, scales, blocks)
 
 
 def _unique_bytes(tensors: list[torch.Tensor]) -> int:
