@@ -25,6 +25,7 @@ def test_every_scheme_gets_size_memory_quality_and_speed(tmp_path, monkeypatch, 
         assert r["perplexity"] > 1 and 0 <= r["top1_agreement"] <= 1 and r["model_bytes"] > 0
     # the float row scores the very model the others are compared with
     assert rows["float"]["ppl_change_pct"] == 0 and rows["float"]["top1_agreement"] == 1
+    assert all(rows[s]["top1_agreement"] < 1 and rows[s]["ppl_change_pct"] != 0 for s in ("gptq", "w8a8", "fp8"))
     # memory: fp8 / w8a8 keep one byte per decoder weight, gptq half a byte; the KV setting shares the float model
     assert rows["gptq"]["model_bytes"] < rows["fp8"]["model_bytes"] < rows["float"]["model_bytes"]
     assert rows["kv-int8"]["model_bytes"] == rows["float"]["model_bytes"]

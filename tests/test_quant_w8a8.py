@@ -145,3 +145,13 @@ def test_w8a8_on_the_default_model_agrees_with_float():
     print(f"w8a8 on the default model: top-1 agreement {agree:.4f}, perplexity {change:+.2%}")
     # measured: agreement 0.93, perplexity +1.1% (4 x 256 held-out tokens, 16 x 128 calibration)
     assert agree >= 0.9 and change < 0.03, (agree, change)
+
+
+def test_w8a8_and_fp8_are_llm_options_without_a_group_size():
+    from minillm.quant.apply import check_llm_options
+
+    check_llm_options("w8a8", None)
+    check_llm_options("fp8", None)
+    for method in ("w8a8", "fp8"):
+        with pytest.raises(ValueError, match="applies to int4, int4-awq, gptq only"):
+            check_llm_options(method, 32)
