@@ -3,6 +3,7 @@
     python -m minillm.bench latency --compare transformers,llama.cpp --json latency.json
     python -m minillm.bench throughput --compare transformers --num-requests 128
     python -m minillm.bench serve --num-requests 32 --max-concurrency 8
+    python -m minillm.bench serve --workload mixed --policies fcfs,priority,length-aware --json mixed.json
     python -m minillm.bench prefix --prefix-len 1024
     python -m minillm.bench prefix --workload chat --json chat.json   # multi-turn: none vs hash vs radix
     python -m minillm.bench spec --json spec.json
@@ -118,7 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--output-len-range", type=int, nargs=2, default=[16, 192], metavar=("MIN", "MAX"))
     srv.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (default: all at once)")
     srv.add_argument("--max-concurrency", type=int, default=32, help="requests in flight at most")
-    srv.add_argument("--max-num-seqs", type=int, default=128)
+    srv.add_argument("--workload", choices=["uniform", "mixed"], default="uniform",
+                     help="uniform: the lengths above; mixed: many short chats + a few long generations, "
+                          "per class and per --policies (bench/serve_mixed.py)")
+    srv.add_argument("--policies", default="fcfs,priority,length-aware",
+                     help="mixed: scheduling policies to run one after another in this process (comma list)")
+    srv.add_argument("--num-short", type=int, default=None, help="mixed: short chats (default 24)")
+    srv.add_argument("--num-long", type=int, default=None, help="mixed: long generations (default 5)")
+    srv.add_argument("--short-output-len-range", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                     help="mixed: default 8 24")
+    srv.add_argument("--long-output-len-range", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                     help="mixed: default 96 128")
+    srv.add_argument("--max-num-seqs", type=int, default=None, help="default: 128 (uniform), 4 (mixed)")
     srv.add_argument("--max-num-batched-tokens", type=int, default=2048)
     srv.add_argument("--kv-cache-mb", type=int, default=None)
     srv.add_argument("--threads", type=int, default=None)
@@ -353,6 +365,9 @@ def _serve(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.roofline.machine import machine_info
 
     device = _device(args)
+    if args.workload == "mixed":
+        return _serve_mixed(args, device)
+    args.max_num_seqs = args.max_num_seqs or 128
     wl = ServeWorkload(args.num_requests, tuple(args.prompt_len_range), tuple(args.output_len_range),
                        args.request_rate, args.max_concurrency, args.seed)
     settings: dict[str, Any] = {"threads": torch.get_num_threads(), "seed": args.seed}
@@ -407,6 +422,47 @@ def _prefix_chat(args: argparse.Namespace) -> dict[str, Any]:
                 "max_num_batched_tokens": subject.engine.config.max_num_batched_tokens}
     report = build_report("prefix", **_context(None, device), settings=settings, workload=wl.to_dict(), **summary)
     print(format_chat(summary))
+    return report
+
+
+def _serve_mixed(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    from minillm import LLM
+    from minillm.bench.report import build_report
+    from minillm.bench.runner import _context
+    from minillm.bench.serve_mixed import MixedWorkload, format_mixed, measure_policies, parse_policies
+    from minillm.engine.llm_engine import LLMEngine
+
+    if args.url:
+        raise SystemExit("minillm bench serve --workload mixed starts its own engine per policy; drop --url")
+    try:
+        policies = parse_policies(args.policies)
+        given = {"num_short": args.num_short, "num_long": args.num_long, "max_concurrency": args.max_concurrency,
+                 "short_output_len_range": args.short_output_len_range and tuple(args.short_output_len_range),
+                 "long_output_len_range": args.long_output_len_range and tuple(args.long_output_len_range)}
+        wl = MixedWorkload(seed=args.seed, **{k: v for k, v in given.items() if v is not None})
+    except ValueError as e:
+        raise SystemExit(f"minillm bench serve: {e}")
+    max_num_seqs = args.max_num_seqs or 4
+    _log(f"loading minillm ({args.dtype}, {device})")
+    llm = LLM(args.model, dtype=args.dtype, device=device, max_num_seqs=max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False,
+              kv_cache_memory_bytes=None if args.kv_cache_mb is None else args.kv_cache_mb * 2**20,
+              short_lane_max_tokens=wl.short_max_tokens)
+
+    def make_engine(policy: str) -> LLMEngine:  # the same weights, a fresh pool and scheduler per policy
+        return LLMEngine(llm.engine.model, llm.tokenizer, sorted(llm.engine.eos_token_ids),
+                         llm.config.replace(scheduling_policy=policy))
+
+    summary = measure_policies(make_engine, llm.tokenizer, policies, wl, llm.engine.model.config.vocab_size, _log)
+    cfg = llm.config
+    settings = {"threads": torch.get_num_threads(), "seed": args.seed, "in_process": True,
+                "server": "in-process uvicorn on loopback (clients share the process), one engine per policy in turn",
+                "model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)", "dtype": args.dtype,
+                "device": device, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+                "prefix_caching": False, "short_lane_max_tokens": cfg.short_lane_max_tokens,
+                "short_lane_share": cfg.short_lane_share, "long_lane_max_wait_steps": cfg.long_lane_max_wait_steps}
+    report = build_report("serve", **_context(None, device), settings=settings, workload=wl.to_dict(), **summary)
+    print(format_mixed(summary))
     return report
 
 

@@ -74,6 +74,8 @@ class RequestRecord:
     output_tokens: int = 0
     max_tokens: int = 0
     error: str | None = None
+    cls: str = ""  # a mixed workload's request class ("short" / "long"); "" otherwise
+    priority: int = 0  # sent as the request's priority field when non-zero
 
     @property
     def ttft(self) -> float | None:
@@ -97,6 +99,8 @@ class RequestRecord:
 async def _one(http: Any, model: str, prompt: list[int], max_tokens: int, rec: RequestRecord) -> None:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
+    if rec.priority:  # only where a workload sets one (a server without a priority policy may refuse it)
+        body["priority"] = rec.priority
     rec.sent = time.perf_counter()
     try:
         async with http.stream("POST", "/v1/completions", json=body) as r:
@@ -124,11 +128,15 @@ async def _one(http: Any, model: str, prompt: list[int], max_tokens: int, rec: R
 
 async def run_clients(url: str, model: str, workload: ServeWorkload, vocab_size: int,
                       timeout_s: float = 600.0) -> tuple[list[RequestRecord], float]:
-    """Drive the workload against a server at url; returns the records (in request order) and the wall time."""
+    """Drive the workload against a server at url; returns the records (in request order) and the wall time.
+
+    workload.requests(vocab_size) gives (send offset, prompt ids, max tokens) per request, optionally
+    followed by (class, priority) -- a MixedWorkload (bench/serve_mixed.py)."""
     import httpx
 
     reqs = workload.requests(vocab_size)
-    records = [RequestRecord(0.0, max_tokens=n) for _, _, n in reqs]
+    records = [RequestRecord(0.0, max_tokens=r[2], cls=r[3] if len(r) > 3 else "", priority=r[4] if len(r) > 4 else 0)
+               for r in reqs]
     gate = asyncio.Semaphore(workload.max_concurrency)
     limits = httpx.Limits(max_connections=workload.max_concurrency + 4,
                           max_keepalive_connections=workload.max_concurrency + 4)
@@ -136,7 +144,7 @@ async def run_clients(url: str, model: str, workload: ServeWorkload, vocab_size:
         t0 = time.perf_counter()
 
         async def launch(i: int) -> None:
-            offset, prompt, max_tokens = reqs[i]
+            offset, prompt, max_tokens = reqs[i][:3]
             delay = t0 + offset - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -177,14 +185,25 @@ def summarize_serve(records: list[RequestRecord], wall_s: float) -> dict[str, An
     }
 
 
+async def serve_records_async(url: str, model: str, workload: Any, vocab_size: int,
+                              warmup: bool = True) -> tuple[list[RequestRecord], float]:
+    """The workload's records and wall time, after one short warm-up request."""
+    if warmup:
+        await run_clients(url, model, ServeWorkload(1, (8, 8), (4, 4), seed=workload.seed + 1), vocab_size)
+    return await run_clients(url, model, workload, vocab_size)
+
+
+def bench_serve_records(url: str, model: str, workload: Any, vocab_size: int,
+                        warmup: bool = True) -> tuple[list[RequestRecord], float]:
+    """serve_records_async from synchronous code."""
+    return asyncio.run(serve_records_async(url, model, workload, vocab_size, warmup))
+
+
 async def bench_serve_async(url: str, model: str, workload: ServeWorkload, vocab_size: int,
                             warmup: bool = True) -> dict[str, Any]:
     """Run the workload (after one short warm-up request) and summarize it; `await` it where a loop
     already runs (a notebook)."""
-    if warmup:
-        await run_clients(url, model, ServeWorkload(1, (8, 8), (4, 4), seed=workload.seed + 1), vocab_size)
-    records, wall = await run_clients(url, model, workload, vocab_size)
-    return summarize_serve(records, wall)
+    return summarize_serve(*await serve_records_async(url, model, workload, vocab_size, warmup))
 
 
 def bench_serve(url: str, model: str, workload: ServeWorkload, vocab_size: int,
