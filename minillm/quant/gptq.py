@@ -109,8 +109,8 @@ def gptq_quantize(
 ) -> GptqResult:
     """Quantize w [N, K] to int4 groups with GPTQ, given H [K, K] of its calibration inputs.
 
-    Arithmetic (H's factor included) runs in float64 if w is float64 (tests), else in float32
-    (as the reference: a 1536 x 1536 float64 Cholesky costs this CPU 2-3x the float32 one).
+    Arithmetic (H's factor included) runs in float64 if w is float64 (the tests' exact
+    comparisons), else in float32 as in the reference implementation.
     """
     if w.dim() != 2 or not w.is_floating_point():
         raise ValueError(f"GPTQ needs a 2-D float weight, got {tuple(w.shape)} {w.dtype}")
@@ -141,7 +141,6 @@ def gptq_quantize(
     scales = torch.zeros(k // group_size, n, dtype=dtype, device=w.device)
     los = torch.zeros_like(scales)
     loss = 0.0
-    scale = lo = None
     for b0 in range(0, k, block):
         b1 = min(b0 + block, k)
         w1 = wt[b0:b1].clone()

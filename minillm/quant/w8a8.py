@@ -17,11 +17,14 @@ Where that move cannot be folded into the previous op, ``input_scale``
 pass over x that finds its scale).
 
 The GEMM is torch._int_mm(xq [M, K], wq.t() [K, N]) -> int32 [M, N]:
-- CPU (oneDNN): any shape. Measured on this 2-core AMD EPYC (AVX-512 VNNI), 1
-  thread, the default model's shapes: ~820-910 GOP/s at M = 128..512 against
-  ~90 GFLOP/s for float32 and ~430 for bf16 (`python -m minillm.bench.int8_gemm`);
-  the weight is kept [N, K] row-major and passed transposed, the layout the
-  kernel runs fastest at M = 1 (~170 vs ~50 GOP/s for a [K, N] row-major copy).
+- CPU (oneDNN): any shape. Measured on this 2-core AMD EPYC (AVX-512 VNNI and
+  BF16), 1 thread, the default model's four shapes (`python -m minillm.bench.int8_gemm`):
+  at M = 128..512 the int8 GEMM runs 765-897 GOP/s against 87-100 GFLOP/s for
+  float32 and 374-443 for bf16, and the whole layer (quantizing x, rescaling y)
+  450-574: 5x float32, 1.2-1.35x bf16 -- batched prefill is where it pays. At
+  M = 1 the extra passes over x and y eat the gain (20-59 against 26-38 GFLOP/s
+  float32). The weight is kept [N, K] row-major and passed transposed, the layout
+  the kernel runs fastest at M = 1 (~170 vs ~50 GOP/s for a [K, N] row-major copy).
 - CUDA (cuBLASLt): needs M > 16 and K, N multiples of 8, so rows are padded to
   the next multiple of 8 above 16; a layer with K or N not a multiple of 8 raises
   at construction on CUDA rather than silently taking a slow path.
