@@ -292,10 +292,14 @@ class BlockManager:
             block.ref_count -= 1
             assert block.ref_count >= 0, f"double free of block {bid}"
             if block.ref_count == 0:
-                self.free_queue[bid] = None
-                if block.block_hash is None:
-                    self.free_queue.move_to_end(bid, last=False)
+                self._park(bid, block)
                 self.events.freed.append(bid)
+
+    def _park(self, bid: int, block: Block) -> None:
+        """Where a block goes when its last user lets go (the radix manager keeps tree blocks in its tree)."""
+        self.free_queue[bid] = None
+        if block.block_hash is None:
+            self.free_queue.move_to_end(bid, last=False)
 
     def take_events(self) -> BlockEvents:
         ev, self.events = self.events, BlockEvents()

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from minillm.engine.block_manager import BlockManager
+from minillm.engine.block_manager import Block, BlockManager
 from minillm.engine.radix_tree import RadixNode, RadixTree
 from minillm.engine.sequence import Sequence
 
@@ -141,19 +141,11 @@ class RadixBlockManager(BlockManager):
         assert self.paths.get(seq.seq_id, (None, 0))[1] <= keep, "trim would drop a block in the tree"
         self._release_tail(seq, keep)
 
-    def _release_tail(self, seq: Sequence, keep: int) -> None:
-        """As BlockManager's, except a block in the tree stays there at ref count 0 (not queued)."""
-        table = seq.block_table
-        while len(table) > keep:
-            bid = table.pop()
-            block = self.blocks[bid]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"double free of block {bid}"
-            if block.ref_count == 0:
-                if bid not in self.tree.node_of_block:
-                    self.free_queue[bid] = None
-                    self.free_queue.move_to_end(bid, last=False)
-                self.events.freed.append(bid)
+    def _park(self, bid: int, block: Block) -> None:
+        """A block in the tree stays there at ref count 0 (evictable, not queued); any other is handed out next."""
+        if bid not in self.tree.node_of_block:
+            self.free_queue[bid] = None
+            self.free_queue.move_to_end(bid, last=False)
 
     # ----- the trace ---------------------------------------------------------------------------
     def cached_flags(self) -> tuple[bool, ...]:
