@@ -77,3 +77,21 @@ def test_counts_survive_a_trace_file(moe_trace, tmp_path):
     assert [t.expert_tokens for t in loaded] == [t.expert_tokens for t in moe_trace]
     assert [t.moe_layers for t in loaded] == [t.moe_layers for t in moe_trace]
     assert routing_view(loaded) == routing_view(moe_trace)
+
+
+def test_the_dashboard_shows_routing_for_a_moe_engine_and_not_for_a_dense_one(moe_trace):
+    from minillm.visualize import Dashboard, Roofs
+
+    roofs = Roofs(bandwidth=50e9, peak_flops=1e12)
+    dash = Dashboard.from_trace(moe_trace, roofs=roofs)
+    assert dash.routing is not None
+    dash.show(len(moe_trace) - 1)
+    assert dash.routing.widget.layout.meta == "minillm-moe"
+    heat = dash.routing.widget.data[0]
+    # cumulative counts at the last step: every routed token of the run, in the live widget
+    assert sum(sum(row) for row in heat.z) == sum(sum(sum(layer) for layer in r.expert_tokens) for r in moe_trace)
+    assert dash.routing.widget in dash.widget.children
+    engine = make_engine(tiny_model(), max_num_batched_tokens=16)
+    engine.add_request("d", [1, 2, 3], greedy(2))
+    run_to_completion(engine)
+    assert Dashboard(engine, roofs=roofs).routing is None

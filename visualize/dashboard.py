@@ -1,4 +1,4 @@
-"""The live dashboard: block table, batch timeline, roofline (speculation, radix tree) sharing one step cursor.
+"""The live dashboard: block table, batch timeline, roofline (speculation, radix tree, MoE routing) sharing one step cursor.
 
     dash = Dashboard(llm)            # or an LLMEngine; requests already added or added later
     dash                             # shows the views and Step / Run / slider
@@ -13,6 +13,7 @@ import ipywidgets as w
 
 from minillm.visualize.block_plot import block_table_figure
 from minillm.visualize.controller import StepController
+from minillm.visualize.moe_plot import routing_figure
 from minillm.visualize.prefix_tree_plot import prefix_tree_figure
 from minillm.visualize.roofline_plot import roofline_figure
 from minillm.visualize.roofline_view import Roofs
@@ -48,6 +49,11 @@ class Dashboard:
             tok = getattr(engine, "tokenizer", None)
             ids_text = (lambda ids: repr(tok.decode(list(ids)))) if tok is not None else None
             self.prefix_tree = LiveFigure(lambda s: prefix_tree_figure(self.trace, s, ids_text))
+        # a mixture-of-experts model: tokens per expert per layer, summed over the steps up to the cursor
+        self.routing = None
+        is_moe = bool(getattr(getattr(engine, "model_config", None), "is_moe", False))
+        if is_moe or any(r.moe_layers for r in self.trace):
+            self.routing = LiveFigure(lambda s: routing_figure(self.trace, s))
         self.controller.observe(self._show)
         views = [self.block_table.widget] + ([self.roofline.widget] if self.roofline else [])
         self.widget = w.VBox([
@@ -56,6 +62,7 @@ class Dashboard:
             self.timeline.widget,
             *([self.spec.widget] if self.spec else []),
             *([self.prefix_tree.widget] if self.prefix_tree else []),
+            *([self.routing.widget] if self.routing else []),
         ])
         if self.controller.trace:
             self.controller.show(len(self.controller.trace) - 1)
@@ -77,6 +84,8 @@ class Dashboard:
             self.spec.show(step)
         if self.prefix_tree is not None:
             self.prefix_tree.show(step)
+        if self.routing is not None:
+            self.routing.show(step)
 
     # the controller's verbs, for code cells
     def step(self, n: int = 1) -> int:
