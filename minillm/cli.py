@@ -43,6 +43,22 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chunked-prefill", action="store_true")
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority", "length-aware"],
                    help="fcfs; priority: a request's priority, lower first (vLLM's); length-aware: a short-request lane")
+    add_parallel_args(p)
+
+
+def add_parallel_args(p: argparse.ArgumentParser) -> None:
+    """Shared with `minillm serve`: the model split over processes (local workers, or torchrun's ranks)."""
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="split every layer over N processes (under torchrun: its WORLD_SIZE)")
+    p.add_argument("--pipeline-parallel-size", type=int, default=1,
+                   help="split the layers into N stages, one per process (not combined with tensor parallel)")
+
+
+def _run(a: argparse.Namespace) -> int:
+    """Run the chosen command; under torchrun, ranks != 0 serve rank 0's steps instead (parallel/torchrun.py)."""
+    from minillm.parallel.torchrun import run_command, torchrun_env
+
+    return run_command(torchrun_env(), lambda: a.fn(a), a.tensor_parallel_size, a.pipeline_parallel_size)
 
 
 def _sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -62,6 +78,7 @@ def _make_llm(a: argparse.Namespace):
         kv_cache_memory_bytes=None if a.kv_cache_mb is None else a.kv_cache_mb * 2**20,
         enable_prefix_caching=not a.no_prefix_caching, enable_chunked_prefill=not a.no_chunked_prefill,
         kv_cache_dtype=a.kv_cache_dtype, prefix_cache=a.prefix_cache, scheduling_policy=a.scheduling_policy,
+        tensor_parallel_size=a.tensor_parallel_size, pipeline_parallel_size=a.pipeline_parallel_size,
     )
 
 
@@ -74,7 +91,14 @@ def _params(a: argparse.Namespace):
 def cmd_generate(a: argparse.Namespace) -> int:
     llm = _make_llm(a)
     prompt = llm.apply_chat_template([{"role": "user", "content": a.prompt}]) if a.chat_template else a.prompt
-    for piece in llm.stream(prompt, _params(a)):
+    params = _params(a)
+    params.ignore_eos = a.ignore_eos
+    if a.print_token_ids:  # the exact tokens (comparing runs), after the whole text
+        out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        print(out.text)
+        print("token_ids:", " ".join(map(str, out.token_ids)), flush=True)
+        return 0
+    for piece in llm.stream(prompt, params):
         print(piece, end="", flush=True)
     print()
     return 0
@@ -233,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate", help="stream one completion")
     g.add_argument("prompt")
     g.add_argument("--chat-template", action="store_true", help="wrap the prompt as a user chat turn")
+    g.add_argument("--ignore-eos", action="store_true", help="generate --max-tokens tokens even past EOS")
+    g.add_argument("--print-token-ids", action="store_true", help="print the text, then a line of the generated token ids")
     _engine_args(g)
     _sampling_args(g, 64)
     g.set_defaults(fn=cmd_generate)
@@ -273,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("roofline", help="measure / show the machine's roofs: minillm roofline --help")
     sub.add_parser("eval", help="quality: minillm eval ppl --help (perplexity per quantization setting)")
     a = ap.parse_args(argv)
+    if hasattr(a, "tensor_parallel_size"):  # a command that builds an LLM: torchrun-aware
+        return _run(a)
     return a.fn(a)
 
 

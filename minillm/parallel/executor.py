@@ -416,7 +416,16 @@ class PipelineParallelExecutor(MultiprocExecutor):
 
 
 def make_parallel_executor(model, config: EngineConfig) -> MultiprocExecutor:
-    """The executor for config's tensor_parallel_size or pipeline_parallel_size (> 1; they do not combine)."""
+    """The executor for config's tensor_parallel_size or pipeline_parallel_size (> 1; they do not combine).
+
+    Under torchrun (WORLD_SIZE > 1) the workers are the ranks torchrun started (torchrun_executor.py);
+    otherwise this process starts them."""
+    from minillm.parallel.torchrun import torchrun_env
+
+    if torchrun_env() is not None:
+        from minillm.parallel.torchrun_executor import make_torchrun_executor
+
+        return make_torchrun_executor(model, config)
     if config.pipeline_parallel_size > 1:
         return PipelineParallelExecutor(model, config)
     if config.tensor_parallel_size > 1:

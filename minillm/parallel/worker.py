@@ -61,6 +61,25 @@ def run_step(mode: str, runner, batch):
     return forward_pipeline(runner, batch)
 
 
+def serve_steps(mode: str, model, config: EngineConfig, device: torch.device) -> None:
+    """A worker rank inside the process group: own a KV pool of rank 0's block count, then run every
+    step rank 0 broadcasts until it broadcasts None (shutdown). Shared by the local workers and the
+    ranks torchrun starts (torchrun.py)."""
+    from minillm.engine.kv_cache import plan_kv_cache
+    from minillm.engine.model_runner import ModelRunner
+
+    box = [None]
+    dist.broadcast_object_list(box, src=0)  # rank 0's block count: every pool must match
+    plan = plan_kv_cache(model, config.replace(num_kv_blocks=box[0]), device)
+    runner = ModelRunner(model, config, plan)
+    while True:
+        box = [None]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is None:  # shutdown
+            break
+        run_step(mode, runner, box[0])
+
+
 def _dump_stacks_on_sigusr1() -> None:
     """Rank 0 sends SIGUSR1 when this worker is stuck (e.g. never loads): print where every thread is.
 
@@ -77,8 +96,6 @@ def worker_main(args: WorkerArgs, status) -> None:
     """Entry point of a worker process. `status` is a multiprocessing queue back to rank 0."""
     _dump_stacks_on_sigusr1()
     try:
-        from minillm.engine.kv_cache import plan_kv_cache
-        from minillm.engine.model_runner import ModelRunner
         from minillm.loader import load_model
         from minillm.parallel.group import init_group
 
@@ -92,16 +109,7 @@ def worker_main(args: WorkerArgs, status) -> None:
         del loaded
         status.put((args.rank, "loaded", os.getpid()))
         init_group(args.rank, config.world_size, args.port, device, WORKER_TIMEOUT_S)
-        box = [None]
-        dist.broadcast_object_list(box, src=0)  # rank 0's block count: every pool must match
-        plan = plan_kv_cache(model, config.replace(num_kv_blocks=box[0]), device)
-        runner = ModelRunner(model, config, plan)
-        while True:
-            box = [None]
-            dist.broadcast_object_list(box, src=0)
-            if box[0] is None:  # shutdown
-                break
-            run_step(args.mode, runner, box[0])
+        serve_steps(args.mode, model, config, device)
     except BaseException:
         status.put((args.rank, "error", traceback.format_exc()))
         raise

@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue-len", type=int, default=1024,
                    help="waiting + running requests beyond which new ones get HTTP 429")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    from minillm.cli import add_parallel_args
+
+    add_parallel_args(p)  # under torchrun, rank 0 serves and the other ranks run its steps
     return p
 
 
@@ -49,6 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.max_queue_len < 1:
         raise SystemExit("--max-queue-len must be >= 1")
+    from minillm.parallel.torchrun import run_command, torchrun_env
+
+    return run_command(torchrun_env(), lambda: serve(args), args.tensor_parallel_size, args.pipeline_parallel_size)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Rank 0 (or the only process): load, build the engine, run uvicorn until stopped."""
     from minillm.extras import SERVER_MODULES, require
 
     require("minillm serve", "server", SERVER_MODULES)  # before the model loads, not after
@@ -63,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
               max_model_len=args.max_model_len, block_size=args.block_size,
               kv_cache_memory_bytes=None if args.kv_cache_mb is None else args.kv_cache_mb * 2**20,
               enable_prefix_caching=not args.no_prefix_caching, prefix_cache=args.prefix_cache,
-              scheduling_policy=args.scheduling_policy)
+              scheduling_policy=args.scheduling_policy, tensor_parallel_size=args.tensor_parallel_size,
+              pipeline_parallel_size=args.pipeline_parallel_size)
     app = create_app(llm.engine, llm.tokenizer, served_name(args), max_queue_len=args.max_queue_len)
     # open streams would otherwise hold a Ctrl-C shutdown forever; after 5 s they are cut (and aborted)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
