@@ -10,12 +10,14 @@ View models are pure functions of a list of StepTrace records and a step index
     spec_tree_view(trace, step)     a step's guesses per sequence as a tree, the accepted path
     prefix_tree_view(trace, step)   the radix prefix cache's tree: cached runs, locked vs evictable
     routing_view(trace, step)       a mixture of experts: tokens per expert per layer, load balance
+    lanes_view(trace, step)         the scheduler's lanes: who waits in which lane, who runs; head_waits
 
 Renderings (plotly; ipywidgets for the live ones) are imported on first use:
 
     block_table_figure, timeline_figure, roofline_figure, spec_tree_figure, dashboard_figure  static figures
     routing_figure                  tokens per expert per layer as a heatmap (static)
     prefix_tree_figure              the radix prefix cache's tree (static)
+    lanes_figure                    the lanes at a step and per-lane counts per step (static)
     Dashboard(llm)                  live: all three views, Step / Run / slider
     write_html_report(trace, path)  a self-contained animated HTML report
     machine_roofs()                 this machine's measured roofs (cached)
@@ -26,6 +28,7 @@ import importlib
 from typing import Any
 
 from minillm.visualize.block_view import BlockState, BlockTableView, block_table_view, draft_block_table_view
+from minillm.visualize.lanes_view import HeadWait, LanesView, head_waits, lanes_view
 from minillm.visualize.moe_view import RoutingView, routing_view
 from minillm.visualize.prefix_tree_view import PrefixTreeView, prefix_tree_view
 from minillm.visualize.roofline_view import Roofs, RooflineView, roofline_view
@@ -38,6 +41,7 @@ _LAZY = {
     "roofline_figure": "minillm.visualize.roofline_plot",
     "spec_tree_figure": "minillm.visualize.spec_plot",
     "prefix_tree_figure": "minillm.visualize.prefix_tree_plot",
+    "lanes_figure": "minillm.visualize.lanes_plot",
     "routing_figure": "minillm.visualize.moe_plot",
     "dashboard_figure": "minillm.visualize.dashboard_plot",
     "Dashboard": "minillm.visualize.dashboard",
@@ -48,9 +52,10 @@ _LAZY = {
     "show_figure": "minillm.visualize.show",
 }
 
-__all__ = ["BlockState", "BlockTableView", "PrefixTreeView", "Roofs", "RooflineView", "RoutingView", "SeqState",
-           "SpecTreeView", "TimelineView", "block_table_view", "draft_block_table_view", "prefix_tree_view",
-           "roofline_view", "routing_view", "spec_tree_view", "timeline_view", *_LAZY]
+__all__ = ["BlockState", "BlockTableView", "HeadWait", "LanesView", "PrefixTreeView", "Roofs", "RooflineView",
+           "RoutingView", "SeqState", "SpecTreeView", "TimelineView", "block_table_view", "draft_block_table_view",
+           "head_waits", "lanes_view", "prefix_tree_view", "roofline_view", "routing_view", "spec_tree_view",
+           "timeline_view", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""The live dashboard: block table, batch timeline, roofline (speculation, radix tree, MoE routing) sharing one step cursor.
+"""The live dashboard: block table, batch timeline, roofline (speculation, radix tree, MoE routing, lanes) sharing one step cursor.
 
     dash = Dashboard(llm)            # or an LLMEngine; requests already added or added later
     dash                             # shows the views and Step / Run / slider
@@ -13,6 +13,7 @@ import ipywidgets as w
 
 from minillm.visualize.block_plot import block_table_figure
 from minillm.visualize.controller import StepController
+from minillm.visualize.lanes_plot import lanes_figure
 from minillm.visualize.moe_plot import routing_figure
 from minillm.visualize.prefix_tree_plot import prefix_tree_figure
 from minillm.visualize.roofline_plot import roofline_figure
@@ -54,6 +55,11 @@ class Dashboard:
         is_moe = bool(getattr(getattr(engine, "model_config", None), "is_moe", False))
         if is_moe or any(r.moe_layers for r in self.trace):
             self.routing = LiveFigure(lambda s: routing_figure(self.trace, s))
+        # a scheduling policy with lanes (priority, length-aware): who waits in which lane, who runs
+        self.lanes = None
+        policy = getattr(getattr(engine, "config", None), "scheduling_policy", "fcfs")
+        if policy != "fcfs" or any(r.scheduling_policy != "fcfs" for r in self.trace):
+            self.lanes = LiveFigure(lambda s: lanes_figure(self.trace, s))
         self.controller.observe(self._show)
         views = [self.block_table.widget] + ([self.roofline.widget] if self.roofline else [])
         self.widget = w.VBox([
@@ -63,6 +69,7 @@ class Dashboard:
             *([self.spec.widget] if self.spec else []),
             *([self.prefix_tree.widget] if self.prefix_tree else []),
             *([self.routing.widget] if self.routing else []),
+            *([self.lanes.widget] if self.lanes else []),
         ])
         if self.controller.trace:
             self.controller.show(len(self.controller.trace) - 1)
@@ -86,6 +93,8 @@ class Dashboard:
             self.prefix_tree.show(step)
         if self.routing is not None:
             self.routing.show(step)
+        if self.lanes is not None:
+            self.lanes.show(step)
 
     # the controller's verbs, for code cells
     def step(self, n: int = 1) -> int:
