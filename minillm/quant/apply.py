@@ -50,6 +50,9 @@ def check_llm_options(method: str | None, group_size: int | None) -> None:
         raise ValueError(f"int4 group size must be one of {SUPPORTED_GROUP_SIZES}, got {group_size}")
 
 
+CPU_ROUTED = ("int8", "int4", "awq", "gptq")  # QuantLinear methods: bf16 kernels or GGUF blocks by CPU (cpu_route.py)
+
+
 def quantize_loaded(loaded, method: str | None, group_size: int | None = None, lm_head: bool = False,
                     calib_windows: int | None = None, calib_len: int | None = None) -> dict[str, str]:
     """Quantize a LoadedModel in place for LLM(quantization=method, quantize_lm_head=lm_head).
@@ -75,6 +78,11 @@ def quantize_loaded(loaded, method: str | None, group_size: int | None = None, l
             calibration = windows(ids, length, n)
         quantize_model(loaded.model, method, group_size, calibration)
         report = {name: repr(m) for name, m in target_linears(loaded.model).items()}
+        if method in CPU_ROUTED and loaded.model.embed_tokens.weight.device.type == "cpu":
+            from minillm.quant.cpu_route import quant_cpu_route
+
+            route, why = quant_cpu_route()
+            report["kernels"] = f"{route}: {why}"
     if lm_head:
         if method == "gguf" and report.get("lm_head", "").endswith("blocks"):
             report["lm_head"] += " (already the file's own blocks: quantize_lm_head has nothing to do)"

@@ -18,6 +18,10 @@ Two storage layouts per format:
   faster: the int kernels do not reach the bandwidth roof at batch 1);
   batch 64 on par with float32 (8-9 ms). Shapes the int4 packer refuses
   (N % 16 != 0, odd K) keep the plain layout (cpu_layout_ok).
+- "blocks": on a CPU without bf16 instructions (AVX2-only: Zen 2/3, Intel client
+  cores) bf16 is emulated and the "cpu" kernels are slow; the same codes are
+  re-laid as GGUF Q4_1 / Q8_0 blocks and multiplied by the integer kernels of
+  kernels/gguf_cpu.py (minillm.quant.cpu_route says which route and why).
 """
 from __future__ import annotations
 
@@ -101,11 +105,22 @@ class QuantLinear(nn.Module):
         return mod
 
     @torch.no_grad()
-    def use_cpu_kernels(self) -> bool:
-        """Re-lay the weight for torch's CPU int8/int4 kernels; False if the shape does not allow it."""
-        if self.layout == "cpu":
+    def use_cpu_kernels(self, route: str | None = None) -> bool:
+        """Re-lay the weight for this CPU's kernels; False if the shape does not allow it.
+
+        route: "bf16" (torch's int8/int4 kernels, bf16 activations) or "blocks" (GGUF blocks and
+        integer kernels); None asks minillm.quant.cpu_route, which decides by the CPU's features."""
+        if self.layout in ("cpu", "blocks"):
             return True
-        if self.qweight.device.type != "cpu" or not cpu_layout_ok(self.bits, self.out_features, self.in_features, self.group_size):
+        if self.qweight.device.type != "cpu":
+            return False
+        if route is None:
+            from minillm.quant.cpu_route import quant_cpu_route
+
+            route = quant_cpu_route()[0]
+        if route == "blocks" and self.in_features % 32 == 0:
+            return self._use_blocks()
+        if not cpu_layout_ok(self.bits, self.out_features, self.in_features, self.group_size):
             return False
         if self.bits == 8:
             self.scales = self.scales.to(torch.bfloat16)
@@ -116,9 +131,32 @@ class QuantLinear(nn.Module):
         self.layout = "cpu"
         return True
 
+    def _use_blocks(self) -> bool:
+        from minillm.kernels import gguf_cpu
+        from minillm.quant.cpu_route import int4_as_q4_1, int8_as_q8_0
+
+        gguf_cpu.load()  # GGUFKernelUnavailable here, not at the first forward
+        if self.bits == 8:
+            blocks, type_name = int8_as_q8_0(self.qweight, self.scales), "Q8_0"
+        else:
+            codes = unpack_int4(self.qweight, self.in_features)
+            blocks, type_name = int4_as_q4_1(codes, self.scale_zeros, self.group_size), "Q4_1"
+        self.block_type = gguf_cpu.TYPE_IDS[type_name]
+        # the blocks hold the codes and the (fp16) scales: the float32 copies go
+        self.qweight = blocks
+        if self.bits == 8:
+            self.scales = torch.empty(0)
+        else:
+            self.scale_zeros = torch.empty(0)
+        self.layout = "blocks"
+        return True
+
     # ----- use ---------------------------------------------------------------------------------
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [out, in] this layer computes with (up to the activation dtype)."""
+        if self.layout == "blocks":
+            return torch.ops.minillm_gguf.dequantize(self.qweight.reshape(-1), self.block_type, self.out_features,
+                                                     self.in_features)
         if self.bits == 8:
             return dequantize_int8(self.qweight, self.scales)
         if self.layout == "plain":
@@ -132,7 +170,11 @@ class QuantLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if self.input_scale is not None:
             x2 = x2 * self.input_scale.to(x2.dtype)
-        if self.layout == "cpu":
+        if self.layout == "blocks":
+            # int8 activation blocks x the weight's blocks, integer dot products (no bf16 anywhere)
+            y = torch.ops.minillm_gguf.linear(x2, [self.qweight], [self.block_type], None)
+            y = y if y.dtype == x.dtype else y.to(x.dtype)
+        elif self.layout == "cpu":
             xb = x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16)  # (what torch's kernels take)
             if self.bits == 8 and x2.shape[0] == 1 and torch.compiler.is_compiling():
                 y = _int8_gemv(x2, self.qweight, self.scales)  # fp32 activations; inductor drops the unused cast
