@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help=f"benchmarks: minillm bench {{{','.join(subcommands())}}} --help")
     sub.add_parser("serve", help="OpenAI-compatible server: minillm serve --help")
     sub.add_parser("roofline", help="measure / show the machine's roofs: minillm roofline --help")
-    sub.add_parser("eval", help="quality: minillm eval ppl --help (perplexity per quantization setting)")
+    sub.add_parser("eval", help="quality: minillm eval {ppl,tasks} --help (perplexity; code pass@1 and facts exact match per quantization setting)")
     a = ap.parse_args(argv)
     if hasattr(a, "tensor_parallel_size"):  # a command that builds an LLM: torchrun-aware
         return _run(a)

@@ -2,6 +2,8 @@
 
     minillm eval ppl                                   # the issue's seven settings on the default model
     minillm eval ppl --settings float,int8,gguf --context-len 128 --windows 4 --json out.json
+    minillm eval tasks --suite facts --quantization float,int8,int4     # exact match, default model
+    minillm eval tasks --suite code --quantization float,gguf --json code.json   # pass@1, qwen2.5-coder-0.5b
 """
 from __future__ import annotations
 
@@ -28,7 +30,61 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--group-size", type=int, default=None, help="int4 group size: 32, 64, 128 or 256 (default 32)")
     q.add_argument("--threads", type=int, default=None)
     q.add_argument("--json", default=None, metavar="PATH", help="write the report here")
+    add_tasks_parser(sub)
     return p
+
+
+def add_tasks_parser(sub) -> None:
+    from minillm.eval.tasks.run import DEFAULT_MAX_TOKENS, DEFAULT_MODEL, SUITES
+
+    t = sub.add_parser("tasks", help="task suites: code pass@1 (unit tests) or facts exact match, per quantization scheme")
+    t.add_argument("--suite", choices=SUITES, default="facts",
+                   help=f"code: {DEFAULT_MODEL['code']} completes functions, unit tests decide; "
+                        "facts: the default model answers short questions, exact match")
+    t.add_argument("--model", default=None, help="model name or path (default: per suite, see --suite)")
+    t.add_argument("--quantization", default="float",
+                   help="comma separated schemes, as `eval ppl --settings`: float, int8, int4, int4-awq, gptq, w8a8, "
+                        "fp8, gguf, head8, kv-int8, kv-fp8, joined with '+'")
+    t.add_argument("--max-tokens", type=int, default=None,
+                   help=f"per item (default: code {DEFAULT_MAX_TOKENS['code']}, facts {DEFAULT_MAX_TOKENS['facts']})")
+    t.add_argument("--limit", type=int, default=None, help="only the first N items")
+    t.add_argument("--group-size", type=int, default=None, help="int4 group size for int4/int4-awq/gptq")
+    t.add_argument("--threads", type=int, default=None,
+                   help="torch threads (1 is often faster on a small shared machine)")
+    t.add_argument("--show", action="store_true", help="print every item's output and verdict")
+    t.add_argument("--json", default=None, metavar="PATH", help="write the report (every item's output) here")
+
+
+def tasks_main(a) -> int:
+    from minillm.bench.report import build_report, write_json
+    from minillm.eval.ppl import parse_setting
+    from minillm.eval.tasks.run import HEADER, TaskConfig, format_table, rows_as_dicts, run_tasks
+    from minillm.roofline.machine import machine_info
+
+    schemes = tuple(s.strip() for s in a.quantization.split(",") if s.strip())
+    try:
+        if not schemes:
+            raise ValueError("--quantization names no scheme")
+        for s in schemes:
+            parse_setting(s)
+        if (a.max_tokens is not None and a.max_tokens < 1) or (a.limit is not None and a.limit < 1):
+            raise ValueError("--max-tokens and --limit must be >= 1")
+    except ValueError as e:
+        raise SystemExit(f"minillm eval tasks: {e}")
+    cfg = TaskConfig(a.suite, a.model, schemes, a.max_tokens, a.limit, a.group_size)
+    print(HEADER, flush=True)
+    rows, workload = run_tasks(cfg, log=lambda line: print(line, flush=True))
+    if a.show:
+        for r in rows:
+            for i in r.items:
+                print(f"[{r.scheme}] {'PASS' if i.passed else 'fail'} {i.item_id}: {i.output[:80]!r} {i.detail[:60]}")
+    table = format_table(rows)
+    print("\n" + table)
+    if a.json:
+        write_json(build_report("eval_tasks", machine=machine_info("cpu"), threads=torch.get_num_threads(),
+                                workload=workload, rows=rows_as_dicts(rows), table=table), a.json)
+        print(f"wrote {a.json}", file=sys.stderr)
+    return 0 if all(r.error is None for r in rows) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.cmd == "tasks":
+        return tasks_main(a)
     settings = tuple(s.strip() for s in a.settings.split(",") if s.strip())
     try:
         for s in settings:
