@@ -143,6 +143,8 @@ def run_command(env: TorchrunEnv | None, command: Callable[[], int], tensor_para
         return run_worker_rank(env)
     from minillm.parallel.executor import TensorParallelError
 
+    _dump_stacks_on_sigusr1()  # `kill -USR1 <pid>` shows where a stuck rank 0 waits, as on the workers
+
     try:
         return command()
     except TensorParallelError as e:

@@ -97,7 +97,7 @@ class TorchrunRank0:
 
     def _fail(self, what: str) -> TensorParallelError:
         who = "rank 1" if self.size == 2 else f"one of ranks 1..{self.size - 1}"
-        if "timed out" in what.lower() or "timeout" in what.lower():
+        if "timed out" in what.lower():  # gloo: "Timed out waiting ...ms for recv"
             self._error = (f"{self.what} {who} (started by torchrun) did not answer within "
                            f"{self.config.distributed_timeout_s:.0f} s: hung, or its node unreachable ({what})")
         else:
