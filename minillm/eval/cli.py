@@ -51,6 +51,8 @@ def add_tasks_parser(sub) -> None:
     t.add_argument("--group-size", type=int, default=None, help="int4 group size for int4/int4-awq/gptq")
     t.add_argument("--threads", type=int, default=None,
                    help="torch threads (1 is often faster on a small shared machine)")
+    t.add_argument("--ppl", action="store_true",
+                   help="also score perplexity (as `eval ppl`) of every scheme on the same model: one table")
     t.add_argument("--show", action="store_true", help="print every item's output and verdict")
     t.add_argument("--json", default=None, metavar="PATH", help="write the report (every item's output) here")
 
@@ -58,7 +60,7 @@ def add_tasks_parser(sub) -> None:
 def tasks_main(a) -> int:
     from minillm.bench.report import build_report, write_json
     from minillm.eval.ppl import parse_setting
-    from minillm.eval.tasks.run import HEADER, TaskConfig, format_table, rows_as_dicts, run_tasks
+    from minillm.eval.tasks.run import HEADER, TaskConfig, attach_perplexity, format_table, rows_as_dicts, run_tasks
     from minillm.roofline.machine import machine_info
 
     schemes = tuple(s.strip() for s in a.quantization.split(",") if s.strip())
@@ -74,6 +76,8 @@ def tasks_main(a) -> int:
     cfg = TaskConfig(a.suite, a.model, schemes, a.max_tokens, a.limit, a.group_size)
     print(HEADER, flush=True)
     rows, workload = run_tasks(cfg, log=lambda line: print(line, flush=True))
+    if a.ppl:
+        workload["perplexity"] = attach_perplexity(rows, cfg, log=lambda line: print(line, flush=True))
     if a.show:
         for r in rows:
             for i in r.items:

@@ -46,6 +46,8 @@ class TaskRow:
     generate_s: float | None = None
     check_s: float | None = None
     output_tokens: int = 0
+    perplexity: float | None = None  # with --ppl: `minillm eval ppl` of the same scheme and model
+    ppl_change_pct: float | None = None
     error: str | None = None
     items: list[ItemResult] = field(default_factory=list)
 
@@ -138,7 +140,25 @@ def compare_with_float(rows: list[TaskRow]) -> None:
             r.flips_vs_float = sum(i.passed != ref[i.item_id] for i in r.items)
 
 
-HEADER = f"{'scheme':16s} {'score':>7s} {'passed':>8s} {'d vs float':>10s} {'flips':>5s} {'load s':>7s} {'gen s':>7s} {'check s':>7s} {'out tok':>7s}"
+def attach_perplexity(rows: list[TaskRow], cfg: TaskConfig, log: Callable[[str], None] = print) -> dict:
+    """Perplexity and its change vs float (minillm.eval.ppl, default slice) for every row's scheme,
+    so one table holds both kinds of quality; returns the ppl workload."""
+    import torch
+
+    from minillm.eval.ppl import EvalConfig, run_eval
+    from minillm.loader import load_model
+
+    ecfg = EvalConfig(group_size=cfg.group_size, settings=tuple(r.scheme for r in rows))
+    ppl_rows, workload = run_eval(ecfg, load_model(cfg.resolved_model(), dtype=torch.float32), log=log)
+    by = {p.setting: p for p in ppl_rows}
+    for r in rows:
+        p = by.get(r.scheme)
+        if p is not None and p.error is None:
+            r.perplexity, r.ppl_change_pct = round(p.perplexity, 4), round(p.ppl_change_pct, 3)
+    return workload
+
+
+HEADER = f"{'scheme':16s} {'score':>7s} {'passed':>8s} {'d vs float':>10s} {'flips':>5s} {'load s':>7s} {'gen s':>7s} {'check s':>7s} {'out tok':>7s} {'ppl':>8s} {'d ppl %':>8s}"
 
 
 def format_row(r: TaskRow) -> str:
@@ -146,8 +166,9 @@ def format_row(r: TaskRow) -> str:
         return f"{r.scheme:16s} ERROR {r.error[:120]}"
     change = "" if r.change_pts is None else f"{r.change_pts:+.1f} pt"
     flips = "" if r.flips_vs_float is None else str(r.flips_vs_float)
+    ppl = "" if r.perplexity is None else f"{r.perplexity:8.3f} {r.ppl_change_pct:+8.2f}"
     return (f"{r.scheme:16s} {100 * r.score:6.1f}% {r.passed:>3d}/{r.total:<4d} {change:>10s} {flips:>5s} "
-            f"{r.load_s:7.1f} {r.generate_s:7.1f} {r.check_s:7.1f} {r.output_tokens:7d}")
+            f"{r.load_s:7.1f} {r.generate_s:7.1f} {r.check_s:7.1f} {r.output_tokens:7d} {ppl}").rstrip()
 
 
 def format_table(rows: list[TaskRow]) -> str:
