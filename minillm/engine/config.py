@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from minillm.engine.block_manager import HASH_ALGOS as PREFIX_HASH_ALGOS, PREFIX_CACHES
+from minillm.engine.contiguous_block_manager import KV_ALLOCATORS
 from minillm.engine.policy import SCHEDULING_POLICIES
 from minillm.spec_decode.speculative_config import SpeculativeConfig, parse_speculative
 
@@ -50,6 +51,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"  # "sha256" (collision-resistant) or "builtin" (Python's hash)
     prefix_cache: str = "hash"  # "hash": chained block hashes; "radix": a token tree, LRU leaves evicted
+    # "paged" (blocks on demand), or the pre-paging baseline (engine/contiguous_block_manager.py): one contiguous
+    # reservation per sequence of max_model_len slots ("contiguous") or of prompt + max_tokens ("contiguous-request")
+    kv_allocator: str = "paged"
     # --- the scheduler --------------------------------------------------------------------
     max_num_seqs: int = 128  # sequences in one step
     max_num_batched_tokens: int = 2048  # tokens in one step (prefill chunks + decodes + drafts)
@@ -150,6 +154,8 @@ class EngineConfig:
             raise ValueError(f"long_lane_max_wait_steps must be an integer >= 0, got {self.long_lane_max_wait_steps!r}")
         if self.prefix_cache not in PREFIX_CACHES:
             raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES}, got {self.prefix_cache!r}")
+        if self.kv_allocator not in KV_ALLOCATORS:
+            raise ValueError(f"kv_allocator must be one of {KV_ALLOCATORS}, got {self.kv_allocator!r}")
         # combinations (the one place they are checked)
         if self.compile and self.attention_backend not in ("torch", "auto"):
             raise ValueError("compile=True is implemented for the torch attention backend")

@@ -24,6 +24,7 @@ import time
 from minillm.engine.batch import StepBatch
 from minillm.engine.block_manager import make_block_manager
 from minillm.engine.config import EngineConfig
+from minillm.engine.contiguous_block_manager import ContiguousBlockManager
 from minillm.engine.executor import Executor
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.outputs import RequestOutput
@@ -70,6 +71,10 @@ class LLMEngine:
             self.max_model_len = min(self.max_model_len, config.max_num_batched_tokens)
         self.block_manager = make_block_manager(plan.num_blocks, plan.block_size, config.enable_prefix_caching,
                                                 config.prefix_caching_hash_algo, config.prefix_cache)
+        if config.kv_allocator != "paged":  # the pre-paging baseline: one contiguous reservation per sequence
+            self.block_manager = ContiguousBlockManager(
+                plan.num_blocks, plan.block_size, self.max_model_len,
+                "request" if config.kv_allocator == "contiguous-request" else "max_model_len")
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self.eos_token_ids)
         cfg = self.model_config
         kv_elem_bytes = plan.bytes_per_token / (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim)
