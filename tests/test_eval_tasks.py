@@ -129,16 +129,17 @@ def test_change_and_flips_are_against_the_float_row():
 
 # ---- a real run ---------------------------------------------------------------------------
 
-@pytest.mark.slow  # ~15 s alone on 2 cores (one thread), more while the machine is busy
+@pytest.mark.slow  # two loads + generations of the default model: ~20 s on a quiet 2-core machine, more when busy
 @pytest.mark.default_model
 @pytest.mark.usefixtures("one_thread")
 def test_eval_tasks_cli_on_three_fact_items(tmp_path, capsys):
     from minillm.eval.cli import main
 
     out = tmp_path / "tasks.json"
-    assert main(["tasks", "--suite", "facts", "--limit", "3", "--quantization", "float", "--json", str(out)]) == 0
+    # float twice: greedy decoding of the same batch must give the same outputs (a stable score)
+    assert main(["tasks", "--suite", "facts", "--limit", "3", "--quantization", "float,float", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    (r,) = report["rows"]
+    r, again = report["rows"]
     assert r["scheme"] == "float" and r["total"] == 3 and [i["item_id"] for i in r["items"]] == \
         ["capital/france", "capital/japan", "capital/germany"]
     for it, item in zip(r["items"], FACT_ITEMS):  # the verdicts are the outputs re-judged
@@ -146,6 +147,7 @@ def test_eval_tasks_cli_on_three_fact_items(tmp_path, capsys):
     assert r["passed"] == sum(i["passed"] for i in r["items"]) and r["change_pts"] == 0
     # measured with greedy decoding: the float model answers "Paris", "Tokyo", "Berlin"
     assert r["passed"] == 3, r["items"]
+    assert [i["output"] for i in again["items"]] == [i["output"] for i in r["items"]] and again["flips_vs_float"] == 0
     assert "float" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="unknown part"):
         main(["tasks", "--quantization", "int5"])
