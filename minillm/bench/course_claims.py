@@ -1,0 +1,57 @@
+"""The course's headline claims as checks: each notebook asserts its measurement through one of these.
+
+Why a module: issue 16 asks that every headline assert fail when fed a measurement that
+contradicts the claim. Kept here, the notebooks call them on what they measured and
+tests/test_course_claims.py feeds them contradicting numbers and expects the failure.
+Each check raises AssertionError with the numbers in the message.
+"""
+from __future__ import annotations
+
+import statistics
+
+
+def check_paging_claim(paged_util: float, contig_util: float, peak_paged: int, peak_contig: int,
+                       speedups: list[float], step_ratio: float) -> None:
+    """Notebook 03 (Kwon et al., SOSP 2023): reservations keep 20-38% of their slots filled, paging
+    nearly all; the pool then holds more sequences at once and, with decode steps that cost about
+    the same at any of these batch sizes (notebook 00), yields more output tokens per second.
+
+    speedups: paged over contiguous output tok/s, one per repeat; step_ratio: contiguous steps over
+    paged steps (the speed-up if every step cost the same). The median must keep at least half of
+    that predicted gain."""
+    assert contig_util < 0.40, f"reservations filled {contig_util:.0%} of their slots: not the 20-38% claimed"
+    assert paged_util > 0.80, f"paging filled only {paged_util:.0%} of its slots"
+    assert peak_paged >= 2 * peak_contig, f"paging ran {peak_paged} sequences at once vs {peak_contig}"
+    bound = 1 + 0.5 * (step_ratio - 1)
+    med = statistics.median(speedups)
+    assert step_ratio > 1.2 and med >= bound, (
+        f"paged/contiguous throughput {med:.2f}x (repeats {[round(s, 2) for s in speedups]}) below {bound:.2f}x, "
+        f"half the gain the step counts predict ({step_ratio:.2f}x)")
+
+
+def check_continuous_claim(speedups: list[float], step_ratio: float, row_ratio: float, margin: float = 0.2) -> None:
+    """Notebook 05 (Orca, OSDI 2022): continuous batching beats static batching because static
+    batching keeps finished rows in the batch until its longest request ends.
+
+    speedups: continuous over static output tok/s, one per repeat. The cost model brackets the
+    gain: if a step costs the same whoever sits in it (decode bound by reading the weights), the
+    speed-up is the ratio of steps, static over continuous (`step_ratio`); if a step costs in
+    proportion to its rows (bound by arithmetic), it is the ratio of rows computed (`row_ratio`).
+    The median must lie in that bracket, widened by `margin`, and above 1."""
+    med = statistics.median(speedups)
+    lo, hi = max(1.0, min(step_ratio, row_ratio) * (1 - margin)), max(step_ratio, row_ratio) * (1 + margin)
+    assert min(step_ratio, row_ratio) > 1.1, f"the workload wastes too little ({step_ratio:.2f}x steps) to test it"
+    assert lo < med <= hi, (
+        f"continuous/static throughput {med:.2f}x (repeats {[round(s, 2) for s in speedups]}) outside "
+        f"({lo:.2f}, {hi:.2f}]: the steps predict {step_ratio:.2f}x, the rows {row_ratio:.2f}x")
+
+
+def check_batching_model(measured_ratio: float, overlap_ratio: float, serial_ratio: float,
+                         margin: float = 0.15) -> None:
+    """Notebook 00: t(8)/t(1), the batch-8 over the batch-1 decode step time, lies between what the
+    step-cost model predicts with reading and computing fully overlapped (max of the two times) and
+    not overlapped at all (their sum), within `margin`."""
+    lo, hi = overlap_ratio * (1 - margin), serial_ratio * (1 + margin)
+    assert lo <= measured_ratio <= hi, (
+        f"t8/t1 = {measured_ratio:.2f} outside the cost model's [{lo:.2f}, {hi:.2f}] "
+        f"(overlapped {overlap_ratio:.2f}, serial {serial_ratio:.2f}, margin {margin:.0%})")
