@@ -33,10 +33,10 @@ class Spread:
     def hi(self) -> float:
         return max(self.values)
 
-    def fmt(self, spec: str = ".2f", scale: float = 1.0) -> str:
-        """'median [min-max]' over the repeats."""
-        return (f"{self.median * scale:{spec}} [{self.lo * scale:{spec}}-{self.hi * scale:{spec}}]"
-                f" over {len(self.values)}")
+    def fmt(self, spec: str = ".2f", scale: float = 1.0, unit: str = "") -> str:
+        """'median<unit> (range min-max, n runs)'."""
+        return (f"{self.median * scale:{spec}}{unit} (range {self.lo * scale:{spec}}-{self.hi * scale:{spec}}, "
+                f"{len(self.values)} runs)")
 
 
 def pin_threads(n: int = 1) -> int:
