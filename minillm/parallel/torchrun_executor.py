@@ -56,7 +56,7 @@ class TorchrunRank0:
         device = model.embed_tokens.weight.device
         # until every rank has loaded, the wait is for the slowest load, not for one step
         init_group(0, self.size, None, device, config.distributed_startup_timeout_s)
-        self._finalizer = weakref.finalize(self, _shutdown_workers)
+        self._finalizer = weakref.finalize(self, shutdown_workers)
         try:
             dist.broadcast_object_list([(config, device.type)], src=0)
             shard_for(self.mode)(model, 0, self.size)
@@ -112,7 +112,7 @@ class TorchrunRank0:
             return
         self._closed = True
         if self._error is None:
-            _shutdown_workers()
+            shutdown_workers()
         destroy_group()
         self._finalizer.detach()
 
@@ -131,7 +131,7 @@ def make_torchrun_executor(model, config: EngineConfig) -> MultiprocExecutor:
     return TorchrunTensorParallelExecutor(model, config)
 
 
-def _shutdown_workers() -> None:
+def shutdown_workers() -> None:
     """The shutdown broadcast (None), then leave the group; also at exit for an engine nobody closed."""
     if dist.is_initialized():
         try:
