@@ -28,7 +28,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 MINE = ["00_quickstart", "01_prefill_vs_decode_roofline", "02_kv_cache_memory", "03_paged_attention_block_tables",
         "05_continuous_vs_static_batching", "06_prefix_caching", "07_scheduling_knobs", "08_quantization", "09_speculative_decoding",
         "10_tensor_parallelism",
-        "11_serving_metrics", "12_priorities_and_the_tail", "13_moe_routing"]
+        "11_serving_metrics", "12_priorities_and_the_tail", "13_moe_routing",
+        "14_exercises"]
 
 
 def load(path: Path):

@@ -1,4 +1,4 @@
-"""Attention backends by name: `EngineConfig(attention_backend="torch" | "triton")`."""
+"""Attention backends by name: `EngineConfig(attention_backend="torch" | "triton" | "tiled")`."""
 from __future__ import annotations
 
 from minillm.attention.base import AttentionBackend
@@ -14,4 +14,8 @@ def make_attention_backend(name: str) -> AttentionBackend:
         from minillm.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
-    raise ValueError(f"unknown attention_backend {name!r} (choose 'torch' or 'triton')")
+    if name == "tiled":  # the online softmax tile by tile in PyTorch (slow; for reading and exercise 04)
+        from minillm.attention.tiled_backend import TiledAttentionBackend
+
+        return TiledAttentionBackend()
+    raise ValueError(f"unknown attention_backend {name!r} (choose 'torch', 'triton' or 'tiled')")

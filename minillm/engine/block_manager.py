@@ -101,6 +101,31 @@ def builtin_chain_hash(parent: int | None, tokens: TokenIds, extra_keys: tuple |
 
 
 HASH_FUNCTIONS: dict[str, Callable[..., BlockHash]] = {"sha256": sha256_chain_hash, "builtin": builtin_chain_hash}
+
+# The two seams of exercise 01 (exercises/ex01_block_hash.py): a BlockManager calls these module
+# names, so minillm.exercises.use("learner") can rebind them to the learner's code. The digest
+# function is read when a pool is built (one pool, one digest function); the walk at every lookup.
+chain_block_hash: Callable[[BlockHash | None, TokenIds], BlockHash] = sha256_chain_hash
+
+
+def cached_prefix_blocks(token_ids: TokenIds, block_size: int, hash_fn: Callable[..., BlockHash],
+                         lookup: Callable[[BlockHash, tuple[int, ...]], int | None]) -> list[int]:
+    """Physical blocks holding the leading full blocks of `token_ids`, walking the hash chain.
+
+    Stops at the first block `lookup(digest, tokens)` does not find. Never covers the last token:
+    the step must compute at least one token to produce the logits for the next one.
+    """
+    hits: list[int] = []
+    parent: BlockHash | None = None
+    for i in range((len(token_ids) - 1) // block_size):
+        tokens = tuple(token_ids[i * block_size : (i + 1) * block_size])
+        h = hash_fn(parent, tokens)
+        bid = lookup(h, tokens)
+        if bid is None:
+            break
+        hits.append(bid)
+        parent = h
+    return hits
 PREFIX_CACHES = ("hash", "radix")  # the values of EngineConfig.prefix_cache: this hash chain, or radix_cache.py
 
 
@@ -132,7 +157,7 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_algo = hash_algo
-        self._hash = HASH_FUNCTIONS[hash_algo]
+        self._hash = chain_block_hash if hash_algo == "sha256" else HASH_FUNCTIONS[hash_algo]
         self.blocks = [Block(i) for i in range(num_blocks)]
         # ref-count-0 blocks, next to be handed out first (LRU order); dict for O(1) removal on a hit
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
@@ -163,18 +188,12 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return []
-        hits: list[int] = []
-        parent: BlockHash | None = None
-        bs = self.block_size
-        for i in range((seq.num_tokens - 1) // bs):
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = self._hash(parent, tokens)
-            bid = self.hash_to_block.get(h)
-            if bid is None or self.blocks[bid].token_ids != tokens:
-                break
-            hits.append(bid)
-            parent = h
-        return hits
+        return cached_prefix_blocks(seq.token_ids, self.block_size, self._hash, self._cached_block)
+
+    def _cached_block(self, digest: BlockHash, tokens: tuple[int, ...]) -> int | None:
+        """The block registered under `digest`, if it holds exactly `tokens` (a collision check)."""
+        bid = self.hash_to_block.get(digest)
+        return bid if bid is not None and self.blocks[bid].token_ids == tokens else None
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, cached: list[int] = ()) -> bool:
         """Would `num_new_tokens` more tokens (after taking `cached` blocks) fit in the pool?"""

@@ -21,7 +21,7 @@ from minillm.spec_decode.speculative_config import SpeculativeConfig, parse_spec
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-ATTENTION_BACKENDS = ("torch", "triton")
+ATTENTION_BACKENDS = ("torch", "triton", "tiled")  # tiled: the online softmax in PyTorch, for reading (exercise 04)
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

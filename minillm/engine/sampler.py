@@ -32,21 +32,40 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     vocab = logits.shape[-1]
     top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
     top_p = [p.top_p for p in params]
-    if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+    min_p = [p.min_p for p in params]
+    if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p) or any(m > 0 for m in min_p):
+        logits = top_p_min_p_filter(logits, torch.tensor(top_p, device=dev, dtype=logits.dtype),
+                                    torch.tensor(min_p, device=dev, dtype=logits.dtype),
+                                    torch.tensor(top_k, device=dev))
+    return logits
+
+
+def top_p_min_p_filter(logits: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                       top_k: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, V] logits -> the same logits with every dropped token at -inf, per row:
+
+    keep the top_k[i] largest (top_k >= V: off), then the smallest prefix of them, most likely
+    first, whose probability reaches top_p[i] (the token crossing it stays; the first always does),
+    then drop tokens whose probability is below min_p[i] * the largest. filter_logits calls this
+    module name, so minillm.exercises.use("learner") runs exercises/ex03_sampling.py instead.
+    """
+    vocab = logits.shape[-1]
+    if top_k is None:
+        top_k = torch.full((logits.shape[0],), vocab, device=logits.device)
+    if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
-        ranks = torch.arange(vocab, device=dev)[None, :]
-        drop = ranks >= torch.tensor(top_k, device=dev)[:, None]
+        ranks = torch.arange(vocab, device=logits.device)[None, :]
+        drop = ranks >= top_k[:, None]
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
         # keep the smallest prefix whose mass reaches top_p (the token crossing it stays)
         mass_before = probs.cumsum(-1) - probs
-        drop |= mass_before >= torch.tensor(top_p, device=dev, dtype=probs.dtype)[:, None]
+        drop |= mass_before >= top_p.to(probs.dtype)[:, None]
         drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
-    min_p = torch.tensor([p.min_p for p in params], device=dev, dtype=logits.dtype)
     if bool((min_p > 0).any()):
         probs = logits.softmax(-1)
-        floor = probs.max(-1, keepdim=True).values * min_p[:, None]
+        floor = probs.max(-1, keepdim=True).values * min_p.to(probs.dtype)[:, None]
         logits = logits.masked_fill(probs < floor, float("-inf"))
     return logits
 

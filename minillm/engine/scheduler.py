@@ -31,6 +31,21 @@ from minillm.engine.policy import make_policy
 from minillm.engine.sequence import Sequence, SequenceStatus
 
 
+def admit_within_budget(num_remaining: int, budget_left: int, seats_left: int, chunked_prefill: bool) -> int:
+    """How many of a waiting sequence's remaining tokens to schedule this step; 0: it does not fit.
+
+    The admission rule of the token budget: no seat or no budget left admits nothing; a prompt
+    that fits whole goes whole; a longer one takes what is left of the budget when chunked prefill
+    is on and waits (stopping admission, strict order) when it is off. The scheduler calls this
+    module name, so minillm.exercises.use("learner") runs exercises/ex02_admission.py instead.
+    """
+    if seats_left <= 0 or budget_left <= 0:
+        return 0
+    if num_remaining <= budget_left:
+        return num_remaining
+    return budget_left if chunked_prefill else 0
+
+
 @dataclass
 class ChosenTokens:
     """What the sampler (or the speculative verifier) chose for one chunk that completed its sequence."""
@@ -124,9 +139,10 @@ class Scheduler:
             fresh = seq.num_computed_tokens == 0  # not a child that already shares its parent's blocks
             cached = self.bm.find_cached_prefix(seq) if fresh else []
             remaining = seq.num_tokens - seq.num_computed_tokens - len(cached) * self.bm.block_size
-            if not self.config.enable_chunked_prefill and remaining > budget:
+            n = admit_within_budget(remaining, budget, self.config.max_num_seqs - len(self.running),
+                                    self.config.enable_chunked_prefill)
+            if n <= 0:
                 break
-            n = min(remaining, budget)
             if not self.bm.can_allocate(seq, n, cached):
                 break
             if self.waiting[0] is seq:

@@ -41,6 +41,20 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor | None, x: int) -> to
     return residual / total if total > 0 else p
 
 
+def accept_or_resample(p: torch.Tensor, q: torch.Tensor | None, token: int, u: float) -> torch.Tensor | None:
+    """One draft token x = `token`, drawn from q (None: a deterministic proposer, q one-hot on x).
+
+    u is a uniform draw in [0, 1). Returns None when x is accepted (u < min(1, p(x) / q(x))), else
+    the distribution the replacement token is drawn from: max(p - q, 0) normalised. verify_tokens
+    and verify_tree call this module name, so minillm.exercises.use("learner") runs
+    exercises/ex05_rejection.py instead.
+    """
+    q_x = 1.0 if q is None else float(q[token])
+    if u < acceptance_probability(float(p[token]), q_x):
+        return None
+    return residual_distribution(p, q, token)
+
+
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[rows, V] logits -> the sampler's distribution for each row (same filters as sample())."""
     return filter_logits(logits, [params] * logits.shape[0]).softmax(-1)
@@ -73,13 +87,10 @@ def verify_tokens(
     p = target_probs(logits.float(), params)
     u = torch.rand(d, generator=generator, device=logits.device).tolist() if d else []
     for j, x in enumerate(draft):
-        p_x = float(p[j, x])
-        q_x = 1.0 if draft_probs is None else float(draft_probs[j, x])
-        if u[j] < acceptance_probability(p_x, q_x):
+        resample = accept_or_resample(p[j], None if draft_probs is None else draft_probs[j], x, u[j])
+        if resample is None:
             continue
-        q = None if draft_probs is None else draft_probs[j]
-        tok = _draw(residual_distribution(p[j], q, x), generator)
-        return draft[:j] + [tok], j
+        return draft[:j] + [_draw(resample, generator)], j
     return list(draft) + [_draw(p[d], generator)], d
 
 
@@ -116,10 +127,11 @@ def verify_tree(
             nxt = None
             for c in options:
                 u = float(torch.rand((), generator=generator, device=p.device))
-                if u < acceptance_probability(float(p[tokens[c]]), 1.0):
+                resample = accept_or_resample(p, None, tokens[c], u)
+                if resample is None:
                     nxt = c
                     break
-                p = residual_distribution(p, None, tokens[c])  # rejected: p without it, renormalised
+                p = resample  # rejected: p without it, renormalised
             if nxt is None:
                 return [tokens[c] for c in path] + [_draw(p, generator)], path
         path.append(nxt)

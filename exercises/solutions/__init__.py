@@ -1,0 +1,1 @@
+"""Worked answers to the exercises (one file per exercise, same names as the stubs)."""
