@@ -17,9 +17,9 @@ context manager (restored on exit). The environment variable MINILLM_EXERCISES=l
 learner:block_hash,sampling) does the same when minillm is imported.
 
     from minillm import LLM, exercises
-    with exercises.use("learner", only=["sampling"]):
-        llm = LLM()                    # samples with exercises/ex03_sampling.py
-        Dashboard(llm)
+    exercises.use("learner", only=["sampling"])
+    llm = LLM()          # samples with exercises/ex03_sampling.py, also live under Dashboard(llm)
+    exercises.use("reference")
 
 A block manager reads `chain_block_hash` when it is built (one pool, one digest function): build
 the LLM inside the switch. The other seams are read at every call.
