@@ -115,13 +115,14 @@ def test_normalization_is_what_the_docstring_states():
 def test_change_and_flips_are_against_the_float_row():
     def row(scheme, passes):
         r = TaskRow(scheme, "facts", passed=sum(passes), total=len(passes), score=sum(passes) / len(passes))
-        r.items = [ItemResult(str(k), p, "") for k, p in enumerate(passes)]
+        r.items = [ItemResult(str(k), p, "yes" if p else "no") for k, p in enumerate(passes)]
         return r
 
     rows = [row("float", [True, True, False, False]), row("int4", [True, False, True, False])]
     compare_with_float(rows)
     assert rows[0].change_pts == 0 and rows[0].flips_vs_float == 0
     assert rows[1].change_pts == 0 and rows[1].flips_vs_float == 2  # same score, two items swapped
+    assert rows[1].changed_vs_float == 2 and rows[0].changed_vs_float == 0
     lone = [row("int8", [True, False])]
     compare_with_float(lone)
     assert lone[0].change_pts is None
@@ -147,7 +148,7 @@ def test_eval_tasks_cli_on_three_fact_items(tmp_path, capsys):
     assert r["passed"] == sum(i["passed"] for i in r["items"]) and r["change_pts"] == 0
     # measured with greedy decoding: the float model answers "Paris", "Tokyo", "Berlin"
     assert r["passed"] == 3, r["items"]
-    assert [i["output"] for i in again["items"]] == [i["output"] for i in r["items"]] and again["flips_vs_float"] == 0
+    assert [i["output"] for i in again["items"]] == [i["output"] for i in r["items"]] and again["changed_vs_float"] == 0
     assert "float" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="unknown part"):
         main(["tasks", "--quantization", "int5"])

@@ -42,6 +42,7 @@ class TaskRow:
     score: float | None = None  # passed / total
     change_pts: float | None = None  # score - float score, in percentage points (float in the run)
     flips_vs_float: int | None = None  # items whose pass/fail differs from the float run
+    changed_vs_float: int | None = None  # items whose output text differs from the float run
     load_s: float | None = None  # load + quantize
     generate_s: float | None = None
     check_s: float | None = None
@@ -133,11 +134,12 @@ def compare_with_float(rows: list[TaskRow]) -> None:
     base = next((r for r in rows if r.scheme == "float" and r.error is None), None)
     if base is None:
         return
-    ref = {i.item_id: i.passed for i in base.items}
+    ref = {i.item_id: i for i in base.items}
     for r in rows:
         if r.error is None:
             r.change_pts = round(100.0 * (r.score - base.score), 2)
-            r.flips_vs_float = sum(i.passed != ref[i.item_id] for i in r.items)
+            r.flips_vs_float = sum(i.passed != ref[i.item_id].passed for i in r.items)
+            r.changed_vs_float = sum(i.output != ref[i.item_id].output for i in r.items)
 
 
 def attach_perplexity(rows: list[TaskRow], cfg: TaskConfig, log: Callable[[str], None] = print) -> dict:
@@ -158,7 +160,7 @@ def attach_perplexity(rows: list[TaskRow], cfg: TaskConfig, log: Callable[[str],
     return workload
 
 
-HEADER = f"{'scheme':16s} {'score':>7s} {'passed':>8s} {'d vs float':>10s} {'flips':>5s} {'load s':>7s} {'gen s':>7s} {'check s':>7s} {'out tok':>7s} {'ppl':>8s} {'d ppl %':>8s}"
+HEADER = f"{'scheme':16s} {'score':>7s} {'passed':>8s} {'d vs float':>10s} {'flips':>5s} {'changed':>7s} {'load s':>7s} {'gen s':>7s} {'check s':>7s} {'out tok':>7s} {'ppl':>8s} {'d ppl %':>8s}"
 
 
 def format_row(r: TaskRow) -> str:
@@ -166,8 +168,9 @@ def format_row(r: TaskRow) -> str:
         return f"{r.scheme:16s} ERROR {r.error[:120]}"
     change = "" if r.change_pts is None else f"{r.change_pts:+.1f} pt"
     flips = "" if r.flips_vs_float is None else str(r.flips_vs_float)
+    changed = "" if r.changed_vs_float is None else str(r.changed_vs_float)
     ppl = "" if r.perplexity is None else f"{r.perplexity:8.3f} {r.ppl_change_pct:+8.2f}"
-    return (f"{r.scheme:16s} {100 * r.score:6.1f}% {r.passed:>3d}/{r.total:<4d} {change:>10s} {flips:>5s} "
+    return (f"{r.scheme:16s} {100 * r.score:6.1f}% {r.passed:>3d}/{r.total:<4d} {change:>10s} {flips:>5s} {changed:>7s} "
             f"{r.load_s:7.1f} {r.generate_s:7.1f} {r.check_s:7.1f} {r.output_tokens:7d} {ppl}").rstrip()
 
 
