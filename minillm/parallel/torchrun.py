@@ -121,9 +121,14 @@ def run_worker_rank(env: TorchrunEnv) -> int:
         stage = "serving rank 0's steps"
         serve_steps(mode, model, config, device)
         return 0
-    except Exception as e:  # gloo / NCCL: a peer closed its sockets (died) or a wait timed out
-        say(env, f"{stage} failed: rank 0 or another rank stopped or is unreachable; this rank exits "
-                 f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})")
+    except Exception as e:
+        text = str(e).strip()
+        # gloo raises a plain RuntimeError naming itself when a peer closed its sockets or a wait timed out
+        if isinstance(e, dist.DistError) or "gloo" in text or "NCCL" in text:
+            say(env, f"{stage} failed: rank 0 or another rank stopped or is unreachable; this rank exits "
+                     f"({type(e).__name__}: {text.splitlines()[0] if text else ''})")
+        else:  # this rank's own failure: the whole story (rank 0 then sees its connection close)
+            say(env, f"{stage} failed on this rank; it exits:\n{traceback.format_exc()}")
         return 1
     finally:
         destroy_group()
