@@ -11,4 +11,6 @@
                (engine/executor.py) for world_size > 1; make_parallel_executor(model, config)
 - analytic.py  a speed-up model of TP over NVLink vs PCIe
 - pipeline.py  pipeline parallelism instead: the layers split into stages (LLM(pipeline_parallel_size=2))
+- torchrun.py  ranks started by torchrun (multi-node): its env, the worker loop of ranks != 0, the CLI hook
+- torchrun_executor.py  rank 0's executor over those ranks (start-up, health and shutdown by collectives)
 """
