@@ -267,3 +267,29 @@ def test_the_environment_variable_and_the_runner():
                                      for f in exercises.implementation(n, "learner").values())]
     if len(stubs) == len(NAMES):
         assert run.returncode == 1 and run.stdout.count("TODO") == len(NAMES), run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_tiled_attention_matches_the_torch_backend(window):
+    """Chunks after a cached prefix, GQA, a sliding window and a tree of drafts, vs the torch backend's math."""
+    from minillm.attention import torch_backend
+    from minillm.attention.tiled_backend import chunk_visibility, tiled_attention
+
+    g = torch.Generator().manual_seed(1)
+    seq_len, lq, heads, kvh, d = 45, 11, 4, 2, 8
+    q = torch.randn(lq, heads, d, generator=g)
+    k, v = torch.randn(seq_len, kvh, d, generator=g), torch.randn(seq_len, kvh, d, generator=g)
+    ref = torch_backend.prefill_one(q, k, v, seq_len, 0.3, window)
+    got = tiled_attention(q, k, v, 0.3, chunk_visibility(seq_len, lq, window, None, q.device), tile=8)
+    assert torch.allclose(got, ref, atol=1e-5)
+    parents = [-1, 0, 0, 1, 2, 3, -1, 6, 7, 4, 9]  # a tree of 11 draft nodes (root = the last accepted token)
+    depth = torch.zeros(lq, dtype=torch.long)
+    mask = torch.zeros(lq, lq, dtype=torch.bool)  # a node sees itself and its ancestors
+    for i, p in enumerate(parents):
+        mask[i, i] = True
+        if p >= 0:
+            mask[i] |= mask[p]
+            depth[i] = depth[p] + 1
+    ref = torch_backend.prefill_tree(q, k, v, seq_len, 0.3, mask, depth, window)
+    got = tiled_attention(q, k, v, 0.3, chunk_visibility(seq_len, lq, window, (mask, depth), q.device), tile=8)
+    assert torch.allclose(got, ref, atol=1e-5)
