@@ -293,3 +293,11 @@ def test_tiled_attention_matches_the_torch_backend(window):
     ref = torch_backend.prefill_tree(q, k, v, seq_len, 0.3, mask, depth, window)
     got = tiled_attention(q, k, v, 0.3, chunk_visibility(seq_len, lq, window, (mask, depth), q.device), tile=8)
     assert torch.allclose(got, ref, atol=1e-5)
+
+
+def test_the_solution_digests_equal_the_engines():
+    from minillm.engine.block_manager import sha256_chain_hash
+
+    first = s01.chain_block_hash(None, (1, 2, 3, 4))
+    assert first == sha256_chain_hash(None, (1, 2, 3, 4))
+    assert s01.chain_block_hash(first, [5, 6, 7]) == sha256_chain_hash(first, [5, 6, 7])

@@ -5,7 +5,8 @@ import hashlib
 import struct
 from typing import Callable, Sequence
 
-NO_PARENT = hashlib.sha256(b"first block: no parent").digest()  # 32 bytes, like any digest
+# the engine's marker (block_manager.ROOT_HASH), so these digests equal the engine's byte for byte
+NO_PARENT = hashlib.sha256(b"minillm prefix cache: no parent block").digest()  # 32 bytes, like any digest
 
 
 def chain_block_hash(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
