@@ -26,6 +26,17 @@ def test_checker_passes_a_right_body_and_fails_a_wrong_one():
     assert raised.status == "failed" and "NameError" in raised.detail
 
 
+@pytest.mark.parametrize("exit_call", ["import sys; sys.exit(0)", "import os; os._exit(0)"])
+def test_a_body_that_exits_early_with_status_0_fails(exit_call):
+    r = check_completion(TASK, f"    {exit_call}\n")
+    assert (r.passed, r.status, r.detail) == (False, "failed", "exited before the tests finished")
+
+
+def test_endless_output_is_capped_not_buffered():
+    r = run_program("while True:\n    print('x' * 1000)\n", "spam", timeout_s=3.0)
+    assert not r.passed and r.status in ("failed", "timeout")  # SIGXFSZ at the 1 MiB file limit
+
+
 def test_checker_reports_syntax_errors_without_running():
     r = check_completion(TASK, "    return (1 +\n")
     assert (r.passed, r.status) == (False, "syntax_error") and "SyntaxError" in r.detail

@@ -14,6 +14,7 @@ not a security boundary for hostile code -- run untrusted models in a container.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -70,30 +71,44 @@ def build_program(task: CodeTask, body: str) -> str:
 
 
 def run_program(program: str, task_id: str = "", timeout_s: float = TIMEOUT_S) -> CheckResult:
-    """Execute `program` after the preamble; passed when it exits 0 within the timeout."""
+    """Execute `program` after the preamble; passed when it runs to its end within the timeout.
+
+    "To its end": a nonce printed after the last line must appear, so a body that exits early
+    with status 0 (sys.exit(0), os._exit(0)) before the asserts ran does not pass.
+    """
     try:
         compile(program, f"<{task_id}>", "exec")
     except SyntaxError as e:  # ValueError (a NUL byte) too: the model wrote something unrunnable
         return CheckResult(task_id, False, "syntax_error", f"{type(e).__name__}: {e.msg} (line {e.lineno})")
     except ValueError as e:
         return CheckResult(task_id, False, "syntax_error", f"{type(e).__name__}: {e}")
+    nonce = secrets.token_hex(8)
     with tempfile.TemporaryDirectory(prefix="minillm-task-") as tmp:
         path = os.path.join(tmp, "program.py")
         with open(path, "w", encoding="utf-8") as f:
             # CPU seconds: past the wall-clock timeout, so a busy machine times out before SIGXCPU
-            f.write(f"_CPU_S = {max(1, int(timeout_s) + 1)}\n" + _PREAMBLE + "\n" + program)
-        proc = subprocess.Popen(
-            [sys.executable, "-I", path], cwd=tmp, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, env={"PATH": os.environ.get("PATH", "")},
-        )
-        try:
-            _, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            return CheckResult(task_id, False, "timeout", f"killed after {timeout_s:g} s")
-    if proc.returncode == 0:
+            f.write(f"_CPU_S = {max(1, int(timeout_s) + 1)}\n" + _PREAMBLE + "\n" + program
+                    + f"\nprint({nonce!r}, flush=True)\n")
+        # output to files, not pipes: the file-size limit caps a program that prints without end
+        with open(os.path.join(tmp, "out"), "wb") as out, open(os.path.join(tmp, "err"), "wb") as errf:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", path], cwd=tmp, stdin=subprocess.DEVNULL, stdout=out, stderr=errf,
+                start_new_session=True, env={"PATH": os.environ.get("PATH", "")},
+            )
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                return CheckResult(task_id, False, "timeout", f"killed after {timeout_s:g} s")
+        with open(os.path.join(tmp, "out"), "rb") as f:
+            stdout = f.read().decode("utf-8", "replace")
+        with open(os.path.join(tmp, "err"), "rb") as f:
+            err = f.read().decode("utf-8", "replace")
+    if proc.returncode == 0 and nonce in stdout.splitlines()[-1:]:
         return CheckResult(task_id, True, "passed")
-    lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
+    if proc.returncode == 0:
+        return CheckResult(task_id, False, "failed", "exited before the tests finished")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
     last = lines[-1] if lines else f"exit code {proc.returncode}"
     if proc.returncode < 0:  # killed by a signal: the CPU limit (SIGXCPU) or memory
         last = f"signal {-proc.returncode} ({last})"
@@ -106,7 +121,7 @@ def _kill(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError, AttributeError):
         proc.kill()
-    proc.communicate()
+    proc.wait()
 
 
 def check_completion(task: CodeTask, completion: str, timeout_s: float = TIMEOUT_S) -> CheckResult:
