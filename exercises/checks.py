@@ -110,7 +110,7 @@ def _kept_reference(x: np.ndarray, top_k: int, top_p: float, min_p: float) -> tu
     z = x[order] - x[order].max()
     p = np.exp(z) / np.exp(z).sum()
     before = np.cumsum(p) - p
-    keep = before < top_p
+    keep = (before < top_p) | (top_p >= 1.0)  # top_p 1.0 is "off", whatever the rounding of the cumsum
     keep[0] = True
     floor = min_p * p[0]
     keep &= p >= floor
@@ -146,6 +146,12 @@ def check_sampling(top_p_min_p_filter: Callable) -> None:
                              f"min_p {float(min_p[i]):.3f}): kept {len(got)} tokens, expected {len(want)}; "
                              f"missing {sorted(want_clear - got)[:5]}, extra {sorted(got - close - want)[:5]}")
     assert checked >= b // 2, f"only {checked} of {b} rows had no token at a threshold"
+    # a real vocabulary: a float32 cumsum reaches 1.0 long before the tail ends, and a row with
+    # top_p 1.0 ("off") must still keep every token when its neighbour filters
+    big = torch.randn(2, 49152, generator=g) * 8
+    out = top_p_min_p_filter(big.clone(), torch.tensor([1.0, 0.9]), torch.zeros(2), torch.full((2,), 49152))
+    assert bool(torch.isfinite(out[0]).all()), \
+        f"top_p=1.0 must keep all 49152 tokens, kept {int(torch.isfinite(out[0]).sum())} (float32 cumsum reached 1.0)"
 
 
 # ----- 04: online softmax ---------------------------------------------------------------------

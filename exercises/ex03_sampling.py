@@ -10,7 +10,8 @@ top_p_min_p_filter(logits, top_p, min_p, top_k) -> logits
   1. top-k: keep the top_k[i] largest logits;
   2. top-p: among those, in order of probability (softmax over the kept ones), keep the smallest
      prefix whose total probability reaches top_p[i]. The token that crosses top_p stays; the most
-     likely token always stays (top_p 1.0 keeps everything);
+     likely token always stays (top_p 1.0 keeps everything: careful, a float32 cumsum over
+     49k tokens reaches 1.0 before the tail ends);
   3. min-p: drop every remaining token whose probability is below min_p[i] times the largest
      probability (min_p 0: off).
   Hints: logits.sort(dim=-1, descending=True) gives the order; cumsum of the sorted probabilities

@@ -25,6 +25,17 @@ def test_top_k_top_p_min_p_filters():
     assert keep(SamplingParams(min_p=0.25)) == [True, True, True, False]  # floor 0.125
 
 
+def test_an_unfiltered_row_keeps_every_token_when_batched_with_a_filtered_one():
+    # top_p=1.0 is "off": a float32 cumsum reaches 1.0 before a long tail ends, and that must not
+    # drop the tail of a row that asked for no filter because another row of the batch asked for one
+    logits = torch.randn(2, 49152, generator=torch.Generator().manual_seed(0)) * 8
+    out = filter_logits(logits, [SamplingParams(), SamplingParams(top_p=0.9)])
+    assert bool(torch.isfinite(out[0]).all())
+    assert not bool(torch.isfinite(out[1]).all())  # the filtered row really was filtered
+    alone = filter_logits(logits[:1], [SamplingParams()])
+    assert torch.equal(out[0], alone[0])
+
+
 def test_sampling_frequencies_follow_the_distribution():
     probs = torch.tensor([0.6, 0.25, 0.1, 0.05])
     logits = probs.log().repeat(4000, 1)

@@ -14,7 +14,9 @@ def top_p_min_p_filter(logits: torch.Tensor, top_p: torch.Tensor, min_p: torch.T
     drop = rank >= top_k[:, None]  # 1. top-k: ranks past k
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
     mass_before = probs.cumsum(-1) - probs
-    drop |= mass_before >= top_p[:, None]  # 2. top-p: the token crossing top_p has mass_before < top_p
+    # 2. top-p: the token crossing top_p has mass_before < top_p; top_p 1.0 is off (a float32
+    #    cumsum reaches 1.0 before a 49k-token tail ends)
+    drop |= (mass_before >= top_p[:, None]) & (top_p < 1.0)[:, None]
     drop[:, 0] = False  # the most likely token always stays
     probs = probs.masked_fill(drop, 0.0)
     drop |= probs < min_p[:, None] * probs[:, :1]  # 3. min-p: relative to the largest (sorted first)

@@ -59,7 +59,9 @@ def top_p_min_p_filter(logits: torch.Tensor, top_p: torch.Tensor, min_p: torch.T
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
         # keep the smallest prefix whose mass reaches top_p (the token crossing it stays)
         mass_before = probs.cumsum(-1) - probs
-        drop |= mass_before >= top_p.to(probs.dtype)[:, None]
+        # top_p == 1 means off: float32 cumsums reach 1.0 before the tail ends, which would drop
+        # tokens of a row that asked for none (it shares this pass when another row filters)
+        drop |= (mass_before >= top_p.to(probs.dtype)[:, None]) & (top_p < 1.0)[:, None]
         drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
