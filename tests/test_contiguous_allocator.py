@@ -193,3 +193,19 @@ def test_external_fragmentation_in_the_engine(model):
     assert bm.refusals.capacity >= 1, "d first waits for space"
     assert bm.refusals.fragmentation >= 1, "then for a gap: enough free slots, none contiguous"
     assert seen_external and all(x == 16 for x in seen_external)
+
+
+def test_a_pool_smaller_than_one_reservation_is_refused_at_construction(model):
+    # bad configuration gets a clear error up front, not a crash inside the first step
+    with pytest.raises(ValueError, match="reserves max_model_len=256 tokens .16 blocks.* 8 blocks"):
+        LLMEngine(model, None, [], EngineConfig(block_size=16, num_kv_blocks=8, max_model_len=256,
+                                                kv_allocator="contiguous"))
+    # prompt + max_tokens reservations are checked per request, as the paged engine checks them
+    e = LLMEngine(model, None, [], EngineConfig(block_size=16, num_kv_blocks=8, max_model_len=256,
+                                                kv_allocator="contiguous-request"))
+    from minillm.engine.request import RequestError
+
+    with pytest.raises(RequestError, match="can never fit"):
+        e.add_request("big", [1, 2, 3], greedy(200))
+    e.add_request("ok", [1, 2, 3], greedy(5))
+    assert len(run_to_completion(e)["ok"]) == 5

@@ -75,6 +75,12 @@ class LLMEngine:
             self.block_manager = ContiguousBlockManager(
                 plan.num_blocks, plan.block_size, self.max_model_len,
                 "request" if config.kv_allocator == "contiguous-request" else "max_model_len")
+            need = self.block_manager.blocks_needed(self.max_model_len)
+            if config.kv_allocator == "contiguous" and need > plan.num_blocks:
+                # every sequence reserves max_model_len: say so now, not at the first step
+                raise ValueError(f"kv_allocator='contiguous' reserves max_model_len={self.max_model_len} tokens "
+                                 f"({need} blocks) per sequence, but the KV pool has {plan.num_blocks} blocks; "
+                                 f"lower max_model_len or raise the KV cache budget")
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self.eos_token_ids)
         cfg = self.model_config
         kv_elem_bytes = plan.bytes_per_token / (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim)
