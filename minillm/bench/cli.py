@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 from typing import Any
@@ -105,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     thr.add_argument("--repeats", type=int, default=1)
     thr.add_argument("--max-num-seqs", type=int, default=128)
     thr.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    thr.add_argument("--hf-batch-size", type=int, default=32, help="transformers' static batch size")
+    thr.add_argument("--hf-batch-size", type=int, nargs="+", default=[32],
+                     help="transformers' static batch size; several (e.g. 8 16 32 64) sweep it, one peer each "
+                          "(transformers-bN), and the target compares with the best of them")
 
     srv = sub.add_parser("serve", help="concurrent streaming clients against a live OpenAI-compatible server: "
                                        "TTFT/TPOT/ITL/e2e percentiles, request throughput")
@@ -255,8 +258,13 @@ def _subjects(args: argparse.Namespace, device: str, kv_bytes: int | None = None
 
         _log(f"loading transformers ({args.dtype}, {device})")
         cache = None if args.hf_cache == "dynamic" else args.hf_cache
-        subjects.append(load_transformers(args.model, DTYPES[args.dtype], device, cache,
-                                          getattr(args, "hf_batch_size", 32)))
+        sizes = getattr(args, "hf_batch_size", [32])
+        sizes = [sizes] if isinstance(sizes, int) else list(sizes)
+        hf = load_transformers(args.model, DTYPES[args.dtype], device, cache, sizes[0])
+        if len(sizes) == 1:
+            subjects.append(hf)
+        else:  # one loaded model, a peer per batch size (a static batcher is only as good as its batch size)
+            subjects += [dataclasses.replace(hf, batch_size=b, name=f"transformers-b{b}") for b in sizes]
     if "llama.cpp" in args.compare:
         subjects += _llama_cpp_subjects(args)
     return subjects
