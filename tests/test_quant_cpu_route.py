@@ -74,10 +74,12 @@ def test_the_route_follows_the_cpu_features(monkeypatch):
     assert not CpuFeatures("AVX2", avx512_bf16=True, amx=True).native_bf16  # torch told to run its AVX2 kernels
     import minillm.quant.cpu_route as cr
 
+    # the default is the route measured faster at batch-1 decode on both kinds of CPU (cpu_route.py)
     monkeypatch.setattr(cr, "cpu_features", lambda: CpuFeatures("AVX2", False, False))
-    assert quant_cpu_route()[0] == "blocks"
+    route, why = quant_cpu_route()
+    assert route == "bf16" and "no native bf16 (torch AVX2)" in why
     monkeypatch.setattr(cr, "cpu_features", lambda: CpuFeatures("AVX512", True, False))
-    assert quant_cpu_route()[0] == "bf16"
+    assert quant_cpu_route() == ("bf16", "native bf16 (AVX-512 BF16, torch AVX512)")
     monkeypatch.setenv("MINILLM_QUANT_CPU_ROUTE", "blocks")
     assert quant_cpu_route() == ("blocks", "MINILLM_QUANT_CPU_ROUTE=blocks")
     monkeypatch.setenv("MINILLM_QUANT_CPU_ROUTE", "fp16")
@@ -102,9 +104,10 @@ print(json.dumps({"route": quant_cpu_route()[0], "layout": m.layout, "kernels": 
 
 
 @pytest.mark.slow
-def test_an_avx2_only_torch_takes_the_block_route_by_itself():
+def test_an_avx2_only_torch_runs_the_avx2_block_kernels_and_records_its_features():
     env = {k: v for k, v in os.environ.items() if k != "MINILLM_QUANT_CPU_ROUTE"}
     env["ATEN_CPU_CAPABILITY"] = "avx2"
+    env["MINILLM_QUANT_CPU_ROUTE"] = "blocks"
     out = subprocess.run([sys.executable, "-c", AVX2_CHILD], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,12 +1,15 @@
-"""Which kernels a quantized int8/int4 layer multiplies with on this CPU, chosen by the CPU's features.
+"""Which kernels a quantized int8/int4 layer multiplies with on this CPU, and the CPU features behind it.
 
-torch's CPU weight-only kernels (aten._weight_int8pack_mm, _weight_int4pack_mm_for_cpu)
-take bf16 activations. On a CPU with bf16 instructions (AVX-512 BF16, AMX) that is fast;
-on one without them (AMD Zen 2/3, Intel client cores since Alder Lake: AVX2 only) every
-bf16 product is emulated, and batch-1 int4 decode of the default model ran at 0.30x
-llama.cpp on a Zen3 (issue 20). There the same codes are re-laid as GGUF blocks and
-multiplied by the integer kernels of kernels/gguf_cpu.py (activations rounded to int8
-per 32 values, integer dot products, as llama.cpp does):
+Two routes for the same codes:
+
+- "bf16": torch's CPU weight-only kernels (aten._weight_int8pack_mm,
+  _weight_int4pack_mm_for_cpu), which take bf16 activations. With bf16 instructions
+  (AVX-512 BF16, AMX) the conversions are native; on AVX2-only CPUs (AMD Zen 2/3, Intel
+  client cores) they are emulated (shifts), and batch-1 int4 decode of the default model
+  ran at 0.30x llama.cpp on a Zen3 (issue 20).
+- "blocks": the codes re-laid as GGUF blocks and multiplied by the integer kernels of
+  kernels/gguf_cpu.py (activations rounded to int8 per 32 values, integer dot products,
+  as llama.cpp does) -- no bf16 anywhere:
 
     int4, groups of 32..256: w = (q - 8) * s + z  ->  Q4_1 blocks of 32: w = q * d + m,
                               d = s, m = z - 8 s (each group's (d, m) repeated per 32 weights)
@@ -16,9 +19,17 @@ The codes are the same; d and m are stored as fp16 (GGUF's format), a relative
 rounding of 2^-11 on each scale, well below the int4 step. The activation is the one
 new rounding (about 0.5-0.7% of a product's norm, as for quantization="gguf").
 
-MINILLM_QUANT_CPU_ROUTE=bf16 | blocks chooses explicitly (tests, benchmarks);
-ATEN_CPU_CAPABILITY=avx2 (or default) makes torch run its AVX2 (or portable) kernels,
-which have no bf16 instructions, so it counts as "no native bf16" here too.
+Which is faster was measured, not assumed (2-core Xeon with AMX, one thread, default model,
+int4 g32 + int8 head, eager, `minillm bench latency --compare llama.cpp`, two runs each, the
+machine shared): with torch on its AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, the code an AVX2-only
+CPU runs) batch-1 decode was 34.2 / 37.3 tok/s on "bf16" against 29.8 / 28.0 on "blocks"
+(0.61-0.67x vs 0.51-0.55x llama.cpp), while a 128-token prefill was 1.26-1.30x faster on
+"blocks". So the default stays "bf16" everywhere, and "blocks" is chosen explicitly:
+MINILLM_QUANT_CPU_ROUTE=bf16 | blocks. A real AVX2-only CPU (where the 0.30x was measured) has
+not been measured with "blocks". The features are still detected and recorded
+(quantization_report["kernels"], the bench JSON's machine record): ATEN_CPU_CAPABILITY=avx2 (or
+default) makes torch run its AVX2 (or portable) kernels, which use no bf16 instructions, so it
+counts as "no native bf16".
 """
 from __future__ import annotations
 
@@ -66,10 +77,9 @@ def quant_cpu_route() -> tuple[str, str]:
     feats = cpu_features()
     if feats.native_bf16:
         return "bf16", f"native bf16 ({'AMX' if feats.amx else 'AVX-512 BF16'}, torch {feats.torch_capability})"
-    ok, why = _blocks_available()
-    if not ok:
-        return "bf16", f"no native bf16 (torch {feats.torch_capability}), but the block kernels are unavailable: {why}"
-    return "blocks", f"no native bf16 (torch {feats.torch_capability}): integer kernels on GGUF blocks"
+    # measured (module docstring): on AVX2 code paths the emulated-bf16 kernels still decode faster
+    return "bf16", (f"no native bf16 (torch {feats.torch_capability}): emulated, measured faster at batch-1 "
+                    f"decode than the block kernels ({ROUTE_ENV}=blocks: faster prefill)")
 
 
 def _blocks_available() -> tuple[bool, str]:

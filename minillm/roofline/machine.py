@@ -118,6 +118,6 @@ def cpu_kernels() -> dict[str, str | None]:
 
     feats = cpu_features()
     # quant_cpu_route: what int8/int4 layers multiply with (minillm.quant.cpu_route); "blocks" may build the kernels
-    route = os.environ.get("MINILLM_QUANT_CPU_ROUTE") or ("bf16" if feats.native_bf16 else "blocks")
+    route = os.environ.get("MINILLM_QUANT_CPU_ROUTE") or "bf16"  # the default on every CPU (cpu_route.py says why)
     return {"torch_cpu_capability": feats.torch_capability, "gguf_blocks": gguf_cpu.loaded_isa(),
             "native_bf16": feats.native_bf16, "quant_cpu_route": route}
