@@ -2,7 +2,8 @@
 numbers that contradict it (issue 16: an assert that cannot fail checks nothing)."""
 import pytest
 
-from minillm.bench.course_claims import check_batching_model, check_continuous_claim, check_paging_claim
+from minillm.bench.course_claims import (check_batching_model, check_continuous_claim, check_paging_claim,
+                                         check_serving_tradeoff)
 
 
 def test_paging_claim():
@@ -29,3 +30,12 @@ def test_batching_model():
     for measured in (0.5, 2.6):  # the 2.4-2.9x of issue 16 against a model predicting at most 1.3x
         with pytest.raises(AssertionError):
             check_batching_model(measured, overlap_ratio=1.0, serial_ratio=1.3)
+
+
+def test_serving_tradeoff():
+    check_serving_tradeoff([5.7, 6.2, 5.9], [1.25, 1.15, 1.2], concurrency=8)
+    for gains, costs in (([1.2, 1.4, 1.3], [1.2, 1.2, 1.2]),  # batching bought no throughput
+                         ([5.7, 6.2, 5.9], [0.95, 0.9, 1.0]),  # latency did not grow: not a trade-off
+                         ([9.0, 9.5, 9.2], [1.2, 1.2, 1.2])):  # more than Little's law allows
+        with pytest.raises(AssertionError):
+            check_serving_tradeoff(gains, costs, concurrency=8)

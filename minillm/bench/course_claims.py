@@ -55,3 +55,21 @@ def check_batching_model(measured_ratio: float, overlap_ratio: float, serial_rat
     assert lo <= measured_ratio <= hi, (
         f"t8/t1 = {measured_ratio:.2f} outside the cost model's [{lo:.2f}, {hi:.2f}] "
         f"(overlapped {overlap_ratio:.2f}, serial {serial_ratio:.2f}, margin {margin:.0%})")
+
+
+def check_serving_tradeoff(gains: list[float], costs: list[float], concurrency: int, slack: float = 0.15) -> None:
+    """Notebook 11 (Orca, OSDI 2022; vLLM, SOSP 2023): more requests in flight buy throughput with
+    latency. gains: output tok/s at `concurrency` in flight over 1 in flight; costs: median e2e
+    latency at `concurrency` over 1; one of each per repeat.
+
+    Little's law ties the two: with c requests always in flight, throughput is c / e2e, so the gain
+    is at most c / cost (less when the batch drains at the end of the run). The medians must show
+    a real gain (more than 2x), a real cost (latency above 1x: batching is not free) and obey
+    Little's law within `slack`."""
+    gain, cost = statistics.median(gains), statistics.median(costs)
+    spread = f"(repeats: gains {[round(g, 2) for g in gains]}, costs {[round(c, 2) for c in costs]})"
+    assert gain > 2.0, f"{concurrency} in flight gave only {gain:.2f}x the throughput of 1 {spread}"
+    assert cost > 1.0, f"median latency {cost:.2f}x at {concurrency} in flight: batching cost nothing? {spread}"
+    bound = concurrency / cost * (1 + slack)
+    assert gain <= bound, (f"throughput {gain:.2f}x exceeds Little's law's {concurrency}/{cost:.2f} = "
+                           f"{concurrency / cost:.2f}x (+{slack:.0%}) {spread}")
