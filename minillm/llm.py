@@ -47,7 +47,8 @@ class LLM:
                                  f"({self.loaded.config.model_type}: {self.loaded.config.num_experts} experts)")
 
             self.quantization_report = quantize_loaded(self.loaded, config.quantization,
-                                                       config.quantization_group_size, lm_head=config.quantize_lm_head)
+                                                       config.quantization_group_size, lm_head=config.quantize_lm_head,
+                                                       calibration=config.quantization_calibration)
         self.tokenizer = self.loaded.tokenizer
         self.engine = LLMEngine(self.loaded.model, self.tokenizer, self.loaded.eos_token_ids, config)
         self._ids = itertools.count()

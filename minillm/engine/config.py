@@ -42,6 +42,7 @@ class EngineConfig:
     quantization: str | None = None  # "int8" | "int4" | "int4-awq" | "gptq" | "gguf" (weight-only), "w8a8", "fp8"
     quantization_group_size: int | None = None  # int4 / int4-awq / gptq: 32 (default), 64 or 128
     quantize_lm_head: bool = False  # an int8 LM head (the embedding stays float)
+    quantization_calibration: str = "prose"  # int4-awq / gptq / w8a8 calibrate on "prose" or "code" (minillm.eval.text)
     # --- the paged KV cache ---------------------------------------------------------------
     block_size: int = 16  # tokens per KV block
     kv_cache_memory_bytes: int | None = None  # default: 512 MiB on CPU
@@ -123,7 +124,7 @@ class EngineConfig:
         if self.dtype != "auto":
             resolve_dtype(self.dtype)
         resolve_kv_cache_dtype(self.kv_cache_dtype)
-        check_llm_options(self.quantization, self.quantization_group_size)
+        check_llm_options(self.quantization, self.quantization_group_size, self.quantization_calibration)
 
         def positive_int(name: str, optional: bool = False) -> None:
             v = getattr(self, name)

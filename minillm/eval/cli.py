@@ -4,6 +4,8 @@
     minillm eval ppl --settings float,int8,gguf --context-len 128 --windows 4 --json out.json
     minillm eval tasks --suite facts --quantization float,int8,int4     # exact match, default model
     minillm eval tasks --suite code --quantization float,gguf --json code.json   # pass@1, qwen2.5-coder-0.5b
+    minillm eval ppl --text code --settings float,gptq,gptq+calib-code       # perplexity on stdlib code
+    minillm eval calibration --json calib.json        # prose- vs code-calibrated AWQ/GPTQ/W8A8 on both domains
 """
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--model", default=None, help="model path (default: SmolLM2-135M-Instruct GGUF)")
     q.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
                    help="comma separated: float, int8, int4, int4-awq, gptq, w8a8, fp8, gguf, head8 (int8 LM head), kv-int8, kv-fp8, "
-                        "joined with '+'")
+                        "calib-code / calib-prose (what AWQ/GPTQ/W8A8 calibrate on; default prose), joined with '+'")
+    q.add_argument("--text", choices=("prose", "code"), default="prose",
+                   help="the eval split scored: prose (pydoc_data.topics) or code (the standard library's modules)")
     q.add_argument("--context-len", type=int, default=d.context_len)
     q.add_argument("--windows", type=int, default=d.max_windows, help="number of context-length windows scored")
     q.add_argument("--chunk-size", type=int, default=d.chunk_size, help="prefill chunk per window per step")
@@ -31,7 +35,50 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--threads", type=int, default=None)
     q.add_argument("--json", default=None, metavar="PATH", help="write the report here")
     add_tasks_parser(sub)
+    add_calibration_parser(sub)
     return p
+
+
+def add_calibration_parser(sub) -> None:
+    from minillm.eval.calibration_domain import DEFAULT_METHODS
+
+    c = sub.add_parser("calibration", help="the calibration-domain pitfall: AWQ/GPTQ/W8A8 calibrated on prose vs "
+                                           "code, scored on both texts and on the code tasks")
+    c.add_argument("--model", default="qwen2.5-coder-0.5b")
+    c.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma separated: int4-awq, gptq, w8a8")
+    c.add_argument("--limit", type=int, default=None, help="only the first N code tasks")
+    c.add_argument("--windows", type=int, default=8, help="perplexity windows per text")
+    c.add_argument("--context-len", type=int, default=256)
+    c.add_argument("--group-size", type=int, default=None)
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--json", default=None, metavar="PATH")
+
+
+def calibration_main(a) -> int:
+    from minillm.bench.report import build_report, write_json
+    from minillm.eval.calibration_domain import format_table, gaps, run_calibration_domain
+    from minillm.eval.tasks.run import HEADER, rows_as_dicts
+    from minillm.roofline.machine import machine_info
+
+    methods = tuple(m.strip() for m in a.methods.split(",") if m.strip())
+    print(HEADER, flush=True)
+    try:
+        rows, task_rows, workload = run_calibration_domain(a.model, methods, a.limit, a.group_size, a.windows,
+                                                           a.context_len, log=lambda line: print(line, flush=True))
+    except ValueError as e:
+        raise SystemExit(f"minillm eval calibration: {e}")
+    table = format_table(rows)
+    print("\n" + table)
+    found = gaps(rows)
+    for g in found:
+        print(f"{g['method']}: code-calibrated minus prose-calibrated: pass@1 {g['pass_at_1_pts']:+.1f} pt, "
+              + ", ".join(f"d ppl {d} {g['ppl_change_pts_' + d]:+.2f} pt" for d in ("prose", "code")))
+    if a.json:
+        write_json(build_report("eval_calibration", machine=machine_info("cpu"), threads=torch.get_num_threads(),
+                                workload=workload, rows=rows, gaps=found, table=table,
+                                task_rows=rows_as_dicts(task_rows)), a.json)
+        print(f"wrote {a.json}", file=sys.stderr)
+    return 0 if all(r.error is None for r in rows) else 1
 
 
 def add_tasks_parser(sub) -> None:
@@ -102,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     if a.cmd == "tasks":
         return tasks_main(a)
+    if a.cmd == "calibration":
+        return calibration_main(a)
     settings = tuple(s.strip() for s in a.settings.split(",") if s.strip())
     try:
         for s in settings:
@@ -110,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--context-len must be >= 2, --windows and --chunk-size >= 1")
     except ValueError as e:
         raise SystemExit(f"minillm eval ppl: {e}")
-    cfg = EvalConfig(a.context_len, a.windows, a.chunk_size, a.group_size, settings)
+    cfg = EvalConfig(a.context_len, a.windows, a.chunk_size, a.group_size, settings, text=a.text)
     print(HEADER, flush=True)
     rows, workload = run_eval(cfg, load_model(a.model, dtype=torch.float32), log=lambda line: print(line, flush=True))
     checks = targets(rows)

@@ -2,10 +2,11 @@
 
 A setting names a weight method and/or a KV cache dtype, joined by "+":
 "float", "int8", "int4", "int4-awq", "gptq", "w8a8", "fp8", "gguf", "kv-int8", "kv-fp8", and
-"head8" (an int8 LM head), e.g. "int4+head8+kv-int8". Every setting scores the same fixed slice of
-pydoc_data.topics (the "eval" split; AWQ, GPTQ and SmoothQuant calibrate on the disjoint "calib"
-split) through the paged path (minillm.eval.paged), on its own copy of the
-float model loaded once.
+"head8" (an int8 LM head), and "calib-code" / "calib-prose" (which text AWQ, GPTQ and SmoothQuant
+calibrate on), e.g. "int4+head8+kv-int8" or "gptq+calib-code". Every setting scores the same fixed
+slice of one text (EvalConfig.text: "prose", pydoc_data.topics, or "code", the standard library's
+modules; always the "eval" split, the calibrating methods read the disjoint "calib" split) through
+the paged path (minillm.eval.paged), on its own copy of the float model loaded once.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from minillm.eval.text import corpus_tokens
 
 DEFAULT_SETTINGS = ("float", "int8", "int4", "int4-awq", "kv-int8", "kv-fp8", "int4+kv-int8")
 KV_PREFIX = "kv-"
+CALIB_PREFIX = "calib-"
 HEAD = "head8"
 
 
@@ -30,20 +32,26 @@ class Setting:
     quantization: str | None = None  # LLM(quantization=...)
     kv_cache_dtype: str = "auto"  # LLM(kv_cache_dtype=...)
     lm_head: bool = False  # LLM(quantize_lm_head=True)
+    calibration: str = "prose"  # LLM(quantization_calibration=...)
 
 
 def parse_setting(name: str) -> Setting:
     """'int4+kv-int8' -> Setting(quantization='int4', kv_cache_dtype='int8'); ValueError names what is wrong."""
-    from minillm.quant.apply import LLM_METHODS
+    from minillm.eval.text import DOMAINS
+    from minillm.quant.apply import CALIBRATION, LLM_METHODS
 
-    quant, kv, head = None, "auto", False
+    quant, kv, head, calib = None, "auto", False, None
     for part in name.split("+"):
         if part == "float":
             continue
         if part == HEAD:
             head = True
             continue
-        if part.startswith(KV_PREFIX):
+        if part.startswith(CALIB_PREFIX):
+            calib = part[len(CALIB_PREFIX):]
+            if calib not in DOMAINS:
+                raise ValueError(f"unknown calibration text {calib!r} in setting {name!r}; choose one of {DOMAINS}")
+        elif part.startswith(KV_PREFIX):
             kv = part[len(KV_PREFIX):]
         elif part in LLM_METHODS:
             if quant is not None:
@@ -51,8 +59,10 @@ def parse_setting(name: str) -> Setting:
             quant = part
         else:
             raise ValueError(f"unknown part {part!r} in setting {name!r}; use float, {', '.join(LLM_METHODS)} "
-                             f"{HEAD} or kv-<dtype>, joined by '+'")
-    return Setting(name, quant, kv, head)
+                             f"{HEAD}, kv-<dtype> or calib-<text>, joined by '+'")
+    if calib is not None and quant not in CALIBRATION:
+        raise ValueError(f"setting {name!r}: only {', '.join(CALIBRATION)} calibrate, not {quant or 'float'}")
+    return Setting(name, quant, kv, head, calib or "prose")
 
 
 @dataclass
@@ -74,6 +84,13 @@ class EvalConfig:
     chunk_size: int = 64
     group_size: int | None = None
     settings: tuple[str, ...] = DEFAULT_SETTINGS
+    text: str = "prose"  # which domain's eval split is scored (minillm.eval.text)
+
+
+TEXT_DESCRIPTIONS = {
+    "prose": "pydoc_data.topics, eval split (first half of the topics, sorted by name)",
+    "code": "the standard library's top-level modules, eval split (first half by file name, one excerpt each)",
+}
 
 
 def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], dict]:
@@ -86,10 +103,10 @@ def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], di
     settings = [parse_setting(s) for s in cfg.settings]  # all bad names fail before any work
     if loaded is None:
         loaded = load_model(dtype=torch.float32)
-    ids = corpus_tokens(loaded.tokenizer, "eval", cfg.context_len * cfg.max_windows)
+    ids = corpus_tokens(loaded.tokenizer, "eval", cfg.context_len * cfg.max_windows, domain=cfg.text)
     wins = windows(ids, cfg.context_len, cfg.max_windows)
     mc = loaded.model.config
-    workload = {"text": "pydoc_data.topics, eval split (first half of the topics, sorted by name)",
+    workload = {"text": TEXT_DESCRIPTIONS[cfg.text],
                 "context_len": cfg.context_len, "windows": wins.shape[0], "scored_tokens": wins.numel() - wins.shape[0],
                 "chunk_size": cfg.chunk_size, "group_size": cfg.group_size, "model": loaded.source}
     base = run_setting(Setting("float"), loaded, wins, cfg)  # the reference every row is compared with
@@ -124,7 +141,8 @@ def run_setting(s: Setting, loaded, wins: torch.Tensor, cfg: EvalConfig, quantiz
     if s.quantization is not None or s.lm_head:
         model = copy.deepcopy(loaded.model)
         gs = cfg.group_size if s.quantization in GROUPED else None
-        quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head)
+        quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head,
+                        calibration=s.calibration)
     return score_windows(model, wins, chunk_size=cfg.chunk_size, kv_cache_dtype=s.kv_cache_dtype), model
 
 

@@ -34,10 +34,14 @@ def check_method(method: str) -> None:
         raise ValueError(f"unsupported quantization {method!r}; choose one of {METHODS} (or None)")
 
 
-def check_llm_options(method: str | None, group_size: int | None) -> None:
-    """LLM(quantization=..., quantization_group_size=...) checks that need no model (run before the load)."""
+def check_llm_options(method: str | None, group_size: int | None, calibration: str = "prose") -> None:
+    """LLM(quantization=..., quantization_group_size=..., quantization_calibration=...) checks that need
+    no model (run before the load)."""
+    from minillm.eval.text import DOMAINS
     from minillm.quant.int4 import SUPPORTED_GROUP_SIZES
 
+    if calibration not in DOMAINS:
+        raise ValueError(f"quantization_calibration must be one of {DOMAINS}, got {calibration!r}")
     if method is None:
         if group_size is not None:
             raise ValueError("quantization_group_size given without quantization")
@@ -54,30 +58,34 @@ CPU_ROUTED = ("int8", "int4", "awq", "gptq")  # QuantLinear methods: bf16 kernel
 
 
 def quantize_loaded(loaded, method: str | None, group_size: int | None = None, lm_head: bool = False,
-                    calib_windows: int | None = None, calib_len: int | None = None) -> dict[str, str]:
+                    calib_windows: int | None = None, calib_len: int | None = None,
+                    calibration: str = "prose") -> dict[str, str]:
     """Quantize a LoadedModel in place for LLM(quantization=method, quantize_lm_head=lm_head).
 
     Returns {layer: what was done}. The calibrating methods read `calib_windows` x `calib_len`
-    tokens (default: CALIBRATION[method]) of the calibration split of pydoc_data.topics (never
-    the text `minillm eval ppl` scores).
+    tokens (default: CALIBRATION[method]) of the calibration split of the `calibration` domain's
+    text (minillm.eval.text: "prose", pydoc_data.topics, or "code", the standard library's
+    modules; never the split `minillm eval ppl` scores).
     """
-    check_llm_options(method, group_size)
+    check_llm_options(method, group_size, calibration)
     report: dict[str, str] = {}
     if method == "gguf":
         if not str(loaded.source).lower().endswith(".gguf"):
             raise ValueError(f"quantization='gguf' needs a .gguf model, got {loaded.source!r}")
         report = keep_gguf(loaded.model, loaded.source)
     elif method is not None:
-        calibration = None
         if method in CALIBRATION:
             from minillm.eval import corpus_tokens, windows
 
             n, length = CALIBRATION[method]
             n, length = calib_windows or n, calib_len or length
-            ids = corpus_tokens(loaded.tokenizer, "calib", n * length)
-            calibration = windows(ids, length, n)
-        quantize_model(loaded.model, method, group_size, calibration)
-        report = {name: repr(m) for name, m in target_linears(loaded.model).items()}
+            ids = corpus_tokens(loaded.tokenizer, "calib", n * length, domain=calibration)
+            report["calibration"] = f"{n} x {length} tokens of the {calibration} text's calib split"
+            calib_ids = windows(ids, length, n)
+        else:
+            calib_ids = None
+        quantize_model(loaded.model, method, group_size, calib_ids)
+        report |= {name: repr(m) for name, m in target_linears(loaded.model).items()}
         if method in CPU_ROUTED and loaded.model.embed_tokens.weight.device.type == "cpu":
             from minillm.quant.cpu_route import quant_cpu_route
 

@@ -49,6 +49,9 @@ class TaskRow:
     output_tokens: int = 0
     perplexity: float | None = None  # with --ppl: `minillm eval ppl` of the same scheme and model
     ppl_change_pct: float | None = None
+    # TaskConfig.score_texts: {text: {"perplexity", "ppl_change_pct", "top1_agreement"}}, scored on the
+    # very model that generated (one quantization per scheme), compared with the float row
+    text_scores: dict[str, dict] = field(default_factory=dict)
     error: str | None = None
     items: list[ItemResult] = field(default_factory=list)
 
@@ -61,6 +64,9 @@ class TaskConfig:
     max_tokens: int | None = None  # None: DEFAULT_MAX_TOKENS[suite]
     limit: int | None = None  # only the first `limit` items (quick checks, tests)
     group_size: int | None = None
+    score_texts: tuple[str, ...] = ()  # also score perplexity on these texts' eval splits (minillm.eval.text)
+    score_context_len: int = 256
+    score_windows: int = 8
 
     def resolved_model(self) -> str | None:
         return self.model if self.model is not None else DEFAULT_MODEL[self.suite]
@@ -105,7 +111,7 @@ def _run_scheme(row: TaskRow, s, cfg: TaskConfig, items: list) -> None:
 
     t0 = time.perf_counter()
     llm = LLM(cfg.resolved_model(), quantization=s.quantization, kv_cache_dtype=s.kv_cache_dtype,
-              quantize_lm_head=s.lm_head,
+              quantize_lm_head=s.lm_head, quantization_calibration=s.calibration,
               quantization_group_size=cfg.group_size if s.quantization in GROUPED else None)
     row.load_s = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
@@ -118,6 +124,7 @@ def _run_scheme(row: TaskRow, s, cfg: TaskConfig, items: list) -> None:
     row.generate_s = round(time.perf_counter() - t0, 2)
     texts = [o.outputs[0].text for o in outs]
     row.output_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    score_texts(row, llm, s, cfg)
     del llm, outs
     t0 = time.perf_counter()
     if cfg.suite == "code":
@@ -130,16 +137,36 @@ def _run_scheme(row: TaskRow, s, cfg: TaskConfig, items: list) -> None:
     row.score = row.passed / row.total if row.total else None
 
 
+def score_texts(row: TaskRow, llm, s, cfg: TaskConfig) -> None:
+    """Perplexity of the served model itself (the quantized weights that just generated) on each text."""
+    from minillm.eval.paged import score_windows, windows
+    from minillm.eval.text import corpus_tokens
+
+    for text in cfg.score_texts:
+        n, length = cfg.score_windows, cfg.score_context_len
+        wins = windows(corpus_tokens(llm.tokenizer, "eval", n * length, domain=text), length, n)
+        sc = score_windows(llm.loaded.model, wins, chunk_size=64, kv_cache_dtype=s.kv_cache_dtype)
+        row.text_scores[text] = {"perplexity": round(sc.perplexity, 4), "top1": sc.top1.flatten().tolist()}
+
+
 def compare_with_float(rows: list[TaskRow]) -> None:
     base = next((r for r in rows if r.scheme == "float" and r.error is None), None)
-    if base is None:
-        return
-    ref = {i.item_id: i for i in base.items}
-    for r in rows:
-        if r.error is None:
-            r.change_pts = round(100.0 * (r.score - base.score), 2)
-            r.flips_vs_float = sum(i.passed != ref[i.item_id].passed for i in r.items)
-            r.changed_vs_float = sum(i.output != ref[i.item_id].output for i in r.items)
+    if base is not None:
+        ref = {i.item_id: i for i in base.items}
+        for r in rows:
+            if r.error is None:
+                r.change_pts = round(100.0 * (r.score - base.score), 2)
+                r.flips_vs_float = sum(i.passed != ref[i.item_id].passed for i in r.items)
+                r.changed_vs_float = sum(i.output != ref[i.item_id].output for i in r.items)
+                for text, sc in r.text_scores.items():
+                    want = base.text_scores.get(text)
+                    if want is not None:
+                        sc["ppl_change_pct"] = round(100.0 * (sc["perplexity"] / want["perplexity"] - 1.0), 3)
+                        same = [a == b for a, b in zip(sc["top1"], want["top1"])]
+                        sc["top1_agreement"] = round(sum(same) / len(same), 4)
+    for r in rows:  # the per-position argmax served the comparison; the report keeps the summary
+        for sc in r.text_scores.values():
+            sc.pop("top1", None)
 
 
 def attach_perplexity(rows: list[TaskRow], cfg: TaskConfig, log: Callable[[str], None] = print) -> dict:
