@@ -15,7 +15,8 @@ def test_every_scheme_gets_size_memory_quality_and_speed(tmp_path, monkeypatch, 
     settings = ["float", "gptq", "w8a8", "fp8", "kv-int8"]
     assert main(["quant", "--model", str(folder), "--settings", ",".join(settings), "--prompt-len", "4",
                  "--output-len", "4", "--prefill-len", "32", "--repeats", "2", "--quality-windows", "2",
-                 "--quality-len", "64", "--no-roofs", "--quiet", "--json", str(out)]) == 0
+                 "--quality-len", "64", "--throughput-requests", "3", "--tasks", "code", "--task-limit", "2",
+                 "--no-roofs", "--quiet", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "prefill/s" in text and "top-1" in text and "dequantized on every call" in text
     rows = {r["setting"]: r for r in json.loads(out.read_text())["rows"]}
@@ -30,3 +31,11 @@ def test_every_scheme_gets_size_memory_quality_and_speed(tmp_path, monkeypatch, 
     assert rows["gptq"]["model_bytes"] < rows["fp8"]["model_bytes"] < rows["float"]["model_bytes"]
     assert rows["kv-int8"]["model_bytes"] == rows["float"]["model_bytes"]
     assert rows["kv-int8"]["kv_bytes_per_token"] < rows["float"]["kv_bytes_per_token"]
+    # allocated = weights + the KV pool; batched throughput and the task suite per setting
+    for r in rows.values():
+        assert r["allocated_bytes"] == r["model_bytes"] + r["kv_pool_bytes"] and r["kv_pool_bytes"] > 0
+        assert r["throughput_tok_s"] > 0 and r["task_total"] == 2 and 0 <= r["task_passed"] <= 2
+    assert rows["kv-int8"]["kv_pool_bytes"] < rows["float"]["kv_pool_bytes"]  # same blocks, fewer bytes each
+    assert rows["float"]["task_change_pts"] == 0
+    assert all(r["task_change_pts"] == 100 * (r["task_score"] - rows["float"]["task_score"]) for r in rows.values())
+    assert "batch/s" in text and "task" in text

@@ -202,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
     qnt.add_argument("--quality-windows", type=int, default=2,
                      help="perplexity/agreement on this many windows of the eval text (0: skip)")
     qnt.add_argument("--quality-len", type=int, default=256, help="tokens per quality window")
+    qnt.add_argument("--throughput-requests", type=int, default=16,
+                     help="batched throughput: this many requests (prompts 16-128, outputs 16-64 tokens, all at "
+                          "once) per setting (0: skip)")
+    qnt.add_argument("--tasks", choices=["auto", "code", "facts", "none"], default="auto",
+                     help="task suite each setting answers (minillm eval tasks): auto = code for a Qwen2.5-Coder "
+                          "model, facts for one with a chat template, else none")
+    qnt.add_argument("--task-limit", type=int, default=None, help="only the first N items of the suite")
     qnt.add_argument("--repeats", type=int, default=3)
     qnt.add_argument("--llama-cpp", choices=["auto", "off"], default="auto",
                      help="auto: llama.cpp decodes the same GGUF in this run when llama-cpp-python is installed "
@@ -592,6 +599,14 @@ def _quant(args: argparse.Namespace) -> dict[str, Any]:
     # the prefill prompt plus its one generated token must fit the model's context
     prefill = min(args.prefill_len, loaded.model.config.max_position_embeddings - 1)
     wl = LatencyWorkload(args.prompt_len, args.output_len, prefill, args.seed)
+    throughput = (ThroughputWorkload(args.throughput_requests, (16, 128), (16, 64), args.seed)
+                  if args.throughput_requests > 0 else None)
+    tasks = args.tasks
+    if tasks == "auto":
+        has_template = getattr(loaded.tokenizer, "chat_template", None) is not None
+        tasks = "code" if "coder" in str(args.model or "").lower() else "facts" if has_template else None
+    elif tasks == "none":
+        tasks = None
     # llama.cpp on the same GGUF, in this run, or no ratio at all (never a figure typed into the code)
     args.compare = ["llama.cpp"] if args.llama_cpp == "auto" else []
     peers = _llama_cpp_subjects(args) if args.llama_cpp == "auto" else []
@@ -601,6 +616,7 @@ def _quant(args: argparse.Namespace) -> dict[str, Any]:
     try:
         rows = measure_quant(loaded, settings, wl, bw, args.repeats, args.group_size,
                              quality_windows=args.quality_windows, quality_len=args.quality_len,
+                             throughput=throughput, tasks=tasks, task_limit=args.task_limit,
                              log=(lambda s: None) if args.quiet else _log, peers=peers, peer_rows=peer_rows)
     finally:
         for p in peers:
@@ -612,6 +628,8 @@ def _quant(args: argparse.Namespace) -> dict[str, Any]:
                                     "quality": {"text": "pydoc_data.topics, eval split", "windows": args.quality_windows,
                                                 "tokens_per_window": args.quality_len},
                                     "fp8_on_cpu": "e4m3 weights stored, dequantized on every call",
+                                    "throughput": throughput.to_dict() if throughput else None,
+                                    "tasks": {"suite": tasks, "limit": args.task_limit},
                                     **_llama_cpp_settings(args)},
                           rows=[r.to_dict() for r in rows], llama_cpp_decode=[p.to_dict() for p in peer_rows],
                           ratios_to_llama_cpp=peer_ratios(rows, peer_rows))

@@ -15,7 +15,13 @@ a drifting shared machine hits all alike. For each setting the report holds:
 - prefill tok/s of one `prefill_len`-token prompt (one step: every linear an M = prefill_len
   GEMM, where int8 x int8 GEMMs (w8a8) raise the compute roof), when prefill_len > 0;
 - perplexity, its change and top-1 agreement with the float model on `quality_windows`
-  windows of the eval split of pydoc_data.topics (minillm.eval), when quality_windows > 0.
+  windows of the eval split of pydoc_data.topics (minillm.eval), when quality_windows > 0;
+- memory allocated: the weights plus the engine's KV pool, both counted from the tensors (the
+  activations' workspace is transient and not counted: torch's CPU allocator keeps no statistics);
+- batched throughput (output tok/s) on a ThroughputWorkload, continuous batching over all its
+  requests at once, when throughput_requests > 0;
+- a task suite's score and its change vs float (minillm.eval.tasks: code pass@1 with unit tests,
+  or facts exact match), generated greedily by the setting's own engine, when tasks is set.
 
 fp8 on CPU stores e4m3 weights and dequantizes them on every call (minillm.quant.fp8):
 its row shows the memory saved and the time that costs, not fp8 arithmetic.
@@ -55,6 +61,20 @@ class QuantSubjectRow:
     perplexity: float | None = None
     ppl_change_pct: float | None = None  # vs the float model on the same windows
     top1_agreement: float | None = None
+    kv_pool_bytes: int | None = None  # the engine's KV pool as allocated
+    throughput_tok_s: float | None = None  # output tokens / s on the batched workload
+    task_passed: int | None = None
+    task_total: int | None = None
+    task_change_pts: float | None = None  # score - float's score, percentage points
+
+    @property
+    def allocated_bytes(self) -> int | None:
+        """Weights + KV pool, as allocated."""
+        return None if self.model_bytes is None or self.kv_pool_bytes is None else self.model_bytes + self.kv_pool_bytes
+
+    @property
+    def task_score(self) -> float | None:
+        return self.task_passed / self.task_total if self.task_total else None
 
     @property
     def median_tok_s(self) -> float:
@@ -69,6 +89,8 @@ class QuantSubjectRow:
         d["median_tok_s"] = self.median_tok_s
         d["median_prefill_tok_s"] = self.median_prefill_tok_s
         d["roof_fraction"] = self.median_tok_s / self.roof_tok_s if self.roof_tok_s else None
+        d["allocated_bytes"] = self.allocated_bytes
+        d["task_score"] = self.task_score
         return d
 
 
@@ -92,7 +114,8 @@ def peer_ratios(rows: list[QuantSubjectRow], peers: list[PeerDecodeRow]) -> dict
     return {r.setting: {p.name: r.median_tok_s / p.median_tok_s for p in peers if p.tok_s} for r in rows}
 
 
-def build_subject(loaded, setting: str, group_size: int | None = None, max_num_seqs: int = 8):
+def build_subject(loaded, setting: str, group_size: int | None = None, max_num_seqs: int = 8,
+                  num_kv_blocks: int = 64):
     """(MinillmSubject, model) for one setting, on a private copy of the float model unless it is 'float'."""
     from minillm.bench.minillm_subject import MinillmSubject
     from minillm.engine.config import EngineConfig
@@ -107,7 +130,7 @@ def build_subject(loaded, setting: str, group_size: int | None = None, max_num_s
         gs = group_size if s.quantization in GROUPED else None
         quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head)
     engine = LLMEngine(model, loaded.tokenizer, loaded.eos_token_ids,
-                       EngineConfig(num_kv_blocks=64, enable_prefix_caching=False, kv_cache_dtype=s.kv_cache_dtype,
+                       EngineConfig(num_kv_blocks=num_kv_blocks, enable_prefix_caching=False, kv_cache_dtype=s.kv_cache_dtype,
                                     max_num_seqs=max_num_seqs, max_num_batched_tokens=1024))
     return MinillmSubject(engine), model, s
 
@@ -116,10 +139,12 @@ def measure_quant(
     loaded, settings: tuple[str, ...], workload: LatencyWorkload, bandwidth: float | None,
     repeats: int = 3, group_size: int | None = None, log: Callable[[str], None] = lambda s: None,
     peers: Sequence[Any] = (), peer_rows: list[PeerDecodeRow] | None = None,
-    quality_windows: int = 0, quality_len: int = 256,
+    quality_windows: int = 0, quality_len: int = 256, throughput: Any = None, tasks: str | None = None,
+    task_limit: int | None = None,
 ) -> list[QuantSubjectRow]:
     """One row per setting. `peers` (subjects with .name and .decode) decode the same prompts, interleaved
-    with the settings; their timings are appended to `peer_rows`."""
+    with the settings; their timings are appended to `peer_rows`. `throughput`: a ThroughputWorkload run
+    once per setting; `tasks`: "code" or "facts", the suite each setting's engine answers."""
     from minillm.attention.kv_quant import kv_bytes_per_token, resolve_kv_cache_dtype
     from minillm.quant.footprint import model_bytes, weight_bytes_per_token
 
@@ -129,14 +154,14 @@ def measure_quant(
     contexts = range(workload.prompt_len + 1, workload.prompt_len + workload.output_len)
     for name in settings:
         t0 = time.perf_counter()
-        subj, model, s = build_subject(loaded, name, group_size)
+        subj, model, s = build_subject(loaded, name, group_size, max_num_seqs=16, num_kv_blocks=256)
         kv_dtype = resolve_kv_cache_dtype(s.kv_cache_dtype) or model.embed_tokens.weight.dtype
         kv_tok = kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, kv_dtype)
         kv_read = kv_tok * statistics.mean(contexts)
         wb = weight_bytes_per_token(model)
         roof = bandwidth / (wb + kv_read) if bandwidth else None
         rows.append(QuantSubjectRow(name, wb, kv_tok, kv_read, roof, round(time.perf_counter() - t0, 2),
-                                    model_bytes=model_bytes(model)))
+                                    model_bytes=model_bytes(model), kv_pool_bytes=subj.engine.executor.kv_cache_bytes))
         subjects.append(subj)
         log(f"built {name}: {wb / 1e6:.1f} MB weights/token, {kv_tok} B KV/token ({rows[-1].load_s}s)")
         if quality is not None:
@@ -169,7 +194,48 @@ def measure_quant(
                 ttft = subjects[i].prefill(long_prompt)
                 rows[i].prefill_tok_s.append(len(long_prompt) / ttft)
                 log(f"prefill {rows[i].setting:20s} repeat {r}: {rows[i].prefill_tok_s[-1]:7.1f} tok/s")
+    if throughput is not None:
+        prompts, out_lens = throughput.requests(cfg.vocab_size)
+        for row, subj in zip(rows, subjects):
+            _attach(subj)
+            run = subj.serve(prompts, out_lens)
+            row.throughput_tok_s = run.output_tokens / run.wall_s
+            log(f"throughput {row.setting:20s}: {row.throughput_tok_s:7.1f} output tok/s ({run.num_steps} steps)")
+    if tasks is not None:
+        for row, subj in zip(rows, subjects):
+            _attach(subj)
+            row.task_passed, row.task_total = run_task_suite(subj, loaded.tokenizer, tasks, task_limit)
+            log(f"tasks {row.setting:20s}: {row.task_passed}/{row.task_total} ({tasks})")
+        base = next((r for r in rows if r.setting == "float"), None)
+        for row in rows:
+            if base is not None:
+                row.task_change_pts = round(100.0 * (row.task_score - base.task_score), 2)
     return rows
+
+
+def run_task_suite(subject: Any, tokenizer, suite: str, limit: int | None = None) -> tuple[int, int]:
+    """(passed, total) of one task suite answered greedily by `subject`'s engine, checked as
+    `minillm eval tasks` checks it (code: the function's unit tests; facts: exact match)."""
+    from minillm.eval.tasks.code_check import STOP, check_all
+    from minillm.eval.tasks.facts_check import is_match, messages
+    from minillm.eval.tasks.run import DEFAULT_MAX_TOKENS, suite_items
+    from minillm.sampling_params import SamplingParams
+
+    items = suite_items(suite, limit)
+    if suite == "code":
+        prompts = [t.prompt for t in items]  # text, tokenized by the engine as LLM.generate does
+        params = SamplingParams(temperature=0.0, max_tokens=DEFAULT_MAX_TOKENS["code"], stop=list(STOP))
+    else:
+        prompts = [tokenizer.apply_chat_template(messages(i), tokenize=False, add_generation_prompt=True)
+                   for i in items]
+        params = SamplingParams(temperature=0.0, max_tokens=DEFAULT_MAX_TOKENS["facts"])
+    outs, _ = subject.run(prompts, [params] * len(prompts))
+    texts = [o.outputs[0].text for o in outs]
+    if suite == "code":
+        passed = sum(r.passed for r in check_all(items, texts))
+    else:
+        passed = sum(is_match(i, x) for i, x in zip(items, texts))
+    return passed, len(items)
 
 
 class _QualityProbe:
@@ -204,8 +270,9 @@ def format_quant(rows: list[QuantSubjectRow], bandwidth: float | None, peers: Se
     ratios = peer_ratios(rows, measured)
     lines = [f"per setting: weights streamed per decoded token, memory, batch-1 decode (bandwidth roof {bw}), "
              f"prefill, quality against the float model",
-             f"{'setting':20s} {'W MB/tok':>9s} {'mem MB':>7s} {'KV B/tok':>9s} {'roof tok/s':>10s} {'tok/s':>8s} "
-             f"{'of roof':>8s} {'prefill/s':>9s} {'ppl':>7s} {'d ppl %':>7s} {'top-1':>6s}"
+             f"{'setting':20s} {'W MB/tok':>9s} {'mem MB':>7s} {'alloc MB':>8s} {'KV B/tok':>9s} {'roof tok/s':>10s} "
+             f"{'tok/s':>8s} {'of roof':>8s} {'prefill/s':>9s} {'batch/s':>8s} {'ppl':>7s} {'d ppl %':>7s} {'top-1':>6s} "
+             f"{'task':>7s} {'d pt':>6s}"
              + "".join(f" {'vs ' + p.name:>22s}" for p in measured)]
 
     def opt(v, spec: str, width: int) -> str:  # spec: sign and precision, e.g. "+.2f"
@@ -219,10 +286,16 @@ def format_quant(rows: list[QuantSubjectRow], bandwidth: float | None, peers: Se
         roof = f"{r.roof_tok_s:10.1f}" if r.roof_tok_s else f"{'n/a':>10s}"
         frac = f"{d['roof_fraction']:8.1%}" if d["roof_fraction"] else f"{'n/a':>8s}"
         mem = opt(r.model_bytes / 1e6 if r.model_bytes else None, ".1f", 7)
-        lines.append(f"{r.setting:20s} {r.weight_bytes_per_token / 1e6:9.1f} {mem} {r.kv_bytes_per_token:9d} {roof} "
+        alloc = opt(r.allocated_bytes / 1e6 if r.allocated_bytes else None, ".1f", 8)
+        task = f"{r.task_passed}/{r.task_total}" if r.task_total else "n/a"
+        lines.append(f"{r.setting:20s} {r.weight_bytes_per_token / 1e6:9.1f} {mem} {alloc} {r.kv_bytes_per_token:9d} {roof} "
                      f"{r.median_tok_s:8.1f} {frac} {opt(r.median_prefill_tok_s, '.1f', 9)} "
-                     f"{opt(r.perplexity, '.3f', 7)} {opt(r.ppl_change_pct, '+.2f', 7)} {opt(r.top1_agreement, '.3f', 6)}"
+                     f"{opt(r.throughput_tok_s, '.1f', 8)} "
+                     f"{opt(r.perplexity, '.3f', 7)} {opt(r.ppl_change_pct, '+.2f', 7)} {opt(r.top1_agreement, '.3f', 6)} "
+                     f"{task:>7s} {opt(r.task_change_pts, '+.1f', 6)}"
                      + "".join(f" {ratios[r.setting][p.name]:22.2f}" for p in measured))
+    lines.append("mem: weights held; alloc: weights + KV pool as allocated; batch/s: output tok/s of the batched "
+                 "workload; task: the suite's passed/total, d pt: its change from float in points")
     if any(r.setting.split("+")[0] == "fp8" for r in rows):
         lines.append("fp8 here: e4m3 weights stored, dequantized on every call (no fp8 arithmetic on this CPU)")
     for p in measured:
