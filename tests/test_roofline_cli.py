@@ -16,7 +16,8 @@ import torch
 from minillm.cli import main as minillm_main
 from minillm.engine.trace import dump_trace
 from minillm.roofline.machine import machine_info
-from minillm.roofline.roofs import cache_path, get_roofs
+from minillm.roofline import roofs as roofs_module
+from minillm.roofline.roofs import cache_path, get_roofs, measured_while_busy
 from minillm.roofline.timing import time_repeats
 from tests.helpers.engine_utils import greedy, make_engine, random_prompts, run_to_completion, tiny_model
 
@@ -26,6 +27,7 @@ SMALL = dict(copy_bytes=8 * 2**20, matmul_n=128, repeats=3)
 @pytest.fixture()
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MINILLM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(roofs_module, "measured_while_busy", lambda roofs: None)  # caching is what is tested here
     prev = torch.get_num_threads()
     torch.set_num_threads(1)  # the cache key includes the thread count: keep it fixed
     yield tmp_path / "cache"
@@ -48,6 +50,26 @@ def test_roofs_are_measured_then_cached_per_machine(cache):
     assert get_roofs("cpu", **SMALL).measured_at > fresh.measured_at  # a corrupt cache is measured over
     more = get_roofs("cpu", dtypes=("float32", "bfloat16", "float16"), **SMALL)
     assert "float16" in more.matmul  # a dtype the cache lacks is measured
+
+
+def test_roofs_measured_while_busy_are_used_but_not_cached(cache, monkeypatch):
+    monkeypatch.setattr(roofs_module, "measured_while_busy", measured_while_busy)  # the real check
+    real = roofs_module.measure_roofs
+
+    def stalled(*args, **kw):  # what a probe shows when another tenant holds a core
+        r = real(*args, **kw)
+        r.machine_state["after"]["stall_ratio"] = 7.5
+        return r
+
+    monkeypatch.setattr(roofs_module, "measure_roofs", stalled)
+    with pytest.warns(UserWarning, match="busy.*not cached"):
+        roofs = get_roofs("cpu", **SMALL)
+    assert roofs.bandwidth_bytes_per_s > 0 and not cache_path(machine_info("cpu")).exists()
+    assert "after: parallel ops 7.5x" in measured_while_busy(roofs)
+    monkeypatch.setattr(roofs_module, "measure_roofs", real)
+    quiet = get_roofs("cpu", **SMALL)
+    if measured_while_busy(quiet) is None:  # this machine was quiet: that measurement is kept
+        assert cache_path(machine_info("cpu")).exists()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events need a GPU")

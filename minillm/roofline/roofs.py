@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -173,6 +174,17 @@ def cache_path(info: MachineInfo) -> Path:
     return cache_dir() / f"roofs-{info.cache_key()}.json"
 
 
+def measured_while_busy(roofs: Roofs) -> str | None:
+    """Why a measurement should not be cached (parallel ops stalled before or after it), else None."""
+    from minillm.roofline.machine_state import QUIET_STALL_RATIO
+
+    for when, st in (roofs.machine_state or {}).items():
+        ratio = st.get("stall_ratio")
+        if ratio is not None and ratio > QUIET_STALL_RATIO:
+            return f"{when}: parallel ops {ratio:.1f}x slower than serial, above {QUIET_STALL_RATIO}"
+    return None
+
+
 def get_roofs(
     device: str | torch.device = "cpu",
     remeasure: bool = False,
@@ -190,6 +202,11 @@ def get_roofs(
         except (ValueError, KeyError, TypeError):  # a corrupt or old cache: measure again
             pass
     roofs = measure_roofs(dev, dtypes, **measure_kw)
+    busy = measured_while_busy(roofs)
+    if busy:  # a roof measured under another tenant's load is too low: use it now, never keep it
+        warnings.warn(f"roofs measured while the machine was busy ({busy}); not cached, so the next run "
+                      f"measures again (bench --wait-quiet waits for a quiet window)", stacklevel=2)
+        return roofs
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(roofs.to_dict(), indent=2))
