@@ -2,8 +2,8 @@
 numbers that contradict it (issue 16: an assert that cannot fail checks nothing)."""
 import pytest
 
-from minillm.bench.course_claims import (check_batching_model, check_continuous_claim, check_paging_claim,
-                                         check_serving_tradeoff)
+from minillm.bench.course_claims import (check_batching_model, check_calibration_domain, check_continuous_claim,
+                                         check_paging_claim, check_serving_tradeoff)
 
 
 def test_paging_claim():
@@ -39,3 +39,16 @@ def test_serving_tradeoff():
                          ([9.0, 9.5, 9.2], [1.2, 1.2, 1.2])):  # more than Little's law allows
         with pytest.raises(AssertionError):
             check_serving_tradeoff(gains, costs, concurrency=8)
+
+
+def test_calibration_domain():
+    measured = {("w8a8", "prose", "prose"): 1.15, ("w8a8", "prose", "code"): 0.11, ("w8a8", "code", "prose"): 1.22,
+                ("w8a8", "code", "code"): -0.58, ("int4-awq", "prose", "prose"): 12.58, ("int4-awq", "prose", "code"): 17.71,
+                ("int4-awq", "code", "prose"): 12.61, ("int4-awq", "code", "code"): 11.47}  # notebook 08, this machine
+    bounds = {"w8a8": 0.2, "int4-awq": 2.0}
+    check_calibration_domain(measured, ("w8a8", "int4-awq"), bounds)
+    for key, value in ((("int4-awq", "code", "code"), 17.0),  # code calibration barely helps on code
+                       (("w8a8", "code", "code"), 0.5),  # ... or hurts
+                       (("w8a8", "code", "prose"), 0.2)):  # the mismatched calibration wins on prose
+        with pytest.raises(AssertionError):
+            check_calibration_domain(measured | {key: value}, ("w8a8", "int4-awq"), bounds)

@@ -73,3 +73,21 @@ def check_serving_tradeoff(gains: list[float], costs: list[float], concurrency: 
     bound = concurrency / cost * (1 + slack)
     assert gain <= bound, (f"throughput {gain:.2f}x exceeds Little's law's {concurrency}/{cost:.2f} = "
                            f"{concurrency / cost:.2f}x (+{slack:.0%}) {spread}")
+
+
+def check_calibration_domain(dppl: dict[tuple[str, str, str], float], methods: tuple[str, ...],
+                             min_gain: dict[str, float], noise: float = 0.5) -> None:
+    """Notebook 08 (the source articles' calibration-domain pitfall): a quantizer calibrated on text
+    unlike the traffic loses more on that traffic.
+
+    dppl[(method, calibrated on, scored on)]: perplexity change vs float in %, for calibration and
+    scoring texts "prose" and "code". On code, the code-calibrated copy must lose at least
+    `min_gain[method]` points less than the prose-calibrated one; on prose, calibrating on code must
+    not win by more than `noise` points (the mismatch never helps)."""
+    for m in methods:
+        gain = dppl[m, "prose", "code"] - dppl[m, "code", "code"]
+        assert gain > min_gain[m], (
+            f"{m}: on code, calibrating on code saved {gain:.2f} points of perplexity, not > {min_gain[m]} "
+            f"(prose-calibrated {dppl[m, 'prose', 'code']:+.2f}%, code-calibrated {dppl[m, 'code', 'code']:+.2f}%)")
+        won = dppl[m, "prose", "prose"] - dppl[m, "code", "prose"]
+        assert won < noise, f"{m}: on prose, calibrating on code won by {won:.2f} points: the mismatch helped?"
