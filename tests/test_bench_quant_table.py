@@ -39,3 +39,53 @@ def test_every_scheme_gets_size_memory_quality_and_speed(tmp_path, monkeypatch, 
     assert rows["float"]["task_change_pts"] == 0
     assert all(r["task_change_pts"] == 100 * (r["task_score"] - rows["float"]["task_score"]) for r in rows.values())
     assert "batch/s" in text and "task" in text
+
+
+def _table(tmp_path, folder, settings, *extra):
+    out = tmp_path / f"q{len(list(tmp_path.iterdir()))}.json"
+    assert main(["quant", "--model", str(folder), "--settings", ",".join(settings), "--prompt-len", "4",
+                 "--output-len", "4", "--prefill-len", "16", "--repeats", "1", "--quality-windows", "1",
+                 "--quality-len", "64", "--throughput-requests", "2", "--tasks", "code", "--task-limit", "2",
+                 "--no-roofs", "--quiet", "--json", str(out), *extra]) == 0
+    report = json.loads(out.read_text())
+    return report["settings"], {r["setting"]: r for r in report["rows"]}
+
+
+def test_sequential_mode_measures_the_same_models_as_interleaved(tmp_path, monkeypatch, capsys, one_thread):
+    """One copy at a time (for models whose copies do not all fit) changes when things run, not what is measured."""
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    folder, _ = make_tiny_hf_model(tmp_path / "m", "llama")
+    settings = ["float", "int4", "w8a8", "kv-int8"]
+    s_on, seq = _table(tmp_path, folder, settings, "--sequential", "on")
+    s_off, both = _table(tmp_path, folder, settings, "--sequential", "off")
+    assert s_on["sequential"] is True and s_off["sequential"] is False and s_on["dtype"] == "float32"
+    assert list(seq) == settings
+    for name in settings:
+        for key in ("weight_bytes_per_token", "model_bytes", "kv_pool_bytes", "perplexity", "top1_agreement",
+                    "task_passed", "task_change_pts"):
+            assert seq[name][key] == both[name][key], (name, key)
+        assert len(seq[name]["tok_s"]) == 1 and seq[name]["throughput_tok_s"] > 0
+
+
+def test_bf16_float_row_and_code_calibration_reach_the_settings(tmp_path, monkeypatch, capsys, one_thread):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    folder, _ = make_tiny_hf_model(tmp_path / "m", "llama")
+    s, rows = _table(tmp_path, folder, ["float", "gptq", "gptq+calib-code"], "--dtype", "bfloat16")
+    assert s["dtype"] == "bfloat16"
+    f32_settings, f32 = _table(tmp_path, folder, ["float"])
+    assert rows["float"]["model_bytes"] < f32["float"]["model_bytes"]  # two bytes per weight instead of four
+    # the code-calibrated GPTQ is a different model from the prose-calibrated one
+    assert rows["gptq+calib-code"]["perplexity"] != rows["gptq"]["perplexity"]
+
+
+def test_sequential_when_one_copy_per_setting_does_not_fit(tmp_path):
+    from minillm.bench.quant import needs_sequential
+    from minillm.loader import load_model
+    from minillm.quant.footprint import model_bytes
+
+    folder, _ = make_tiny_hf_model(tmp_path / "m", "llama")
+    loaded = load_model(str(folder))
+    size = model_bytes(loaded.model)
+    three = ["float", "int8", "int4", "kv-int8", "gptq"]  # float and kv-int8 share the loaded model: 3 copies
+    assert not needs_sequential(loaded, three, available_bytes=6 * size + 2)
+    assert needs_sequential(loaded, three, available_bytes=6 * size - 2)

@@ -210,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "model, facts for one with a chat template, else none")
     qnt.add_argument("--task-limit", type=int, default=None, help="only the first N items of the suite")
     qnt.add_argument("--repeats", type=int, default=3)
+    qnt.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                     help="the float model's dtype: the 'float' row and what every setting quantizes from")
+    qnt.add_argument("--sequential", choices=["auto", "on", "off"], default="auto",
+                     help="on: one setting's model copy at a time (measured whole, then freed); off: all held at "
+                          "once, decode repeats interleaved; auto: on when one copy per setting would not fit in "
+                          "half the memory available")
     qnt.add_argument("--llama-cpp", choices=["auto", "off"], default="auto",
                      help="auto: llama.cpp decodes the same GGUF in this run when llama-cpp-python is installed "
                           "(a ratio is shown only then); off: never")
@@ -595,7 +601,11 @@ def _quant(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"minillm bench quant: {e}")
     roofs = _roofs(args, "cpu")
     bw = roofs.bandwidth_bytes_per_s if roofs is not None else None
-    loaded = load_model(args.model, dtype=torch.float32)
+    from minillm.bench.quant import needs_sequential
+    from minillm.engine.config import resolve_dtype
+
+    loaded = load_model(args.model, dtype=resolve_dtype(args.dtype))
+    sequential = args.sequential == "on" or (args.sequential == "auto" and needs_sequential(loaded, settings))
     # the prefill prompt plus its one generated token must fit the model's context
     prefill = min(args.prefill_len, loaded.model.config.max_position_embeddings - 1)
     wl = LatencyWorkload(args.prompt_len, args.output_len, prefill, args.seed)
@@ -616,7 +626,7 @@ def _quant(args: argparse.Namespace) -> dict[str, Any]:
     try:
         rows = measure_quant(loaded, settings, wl, bw, args.repeats, args.group_size,
                              quality_windows=args.quality_windows, quality_len=args.quality_len,
-                             throughput=throughput, tasks=tasks, task_limit=args.task_limit,
+                             throughput=throughput, tasks=tasks, task_limit=args.task_limit, sequential=sequential,
                              log=(lambda s: None) if args.quiet else _log, peers=peers, peer_rows=peer_rows)
     finally:
         for p in peers:
@@ -624,6 +634,7 @@ def _quant(args: argparse.Namespace) -> dict[str, Any]:
     note = "; ".join(args.peer_notes.values()) or None
     report = build_report("quant", **_context(roofs, "cpu"), workload=wl,
                           settings={"model": args.model or "default", "threads": torch.get_num_threads(),
+                                    "dtype": args.dtype, "sequential": sequential,
                                     "group_size": args.group_size, "settings": list(settings),
                                     "quality": {"text": "pydoc_data.topics, eval split", "windows": args.quality_windows,
                                                 "tokens_per_window": args.quality_len},

@@ -2,7 +2,10 @@
 
 Every setting gets its own engine over its own copy of the model (loaded once,
 quantized per setting); decode repeats alternate the order of the settings so
-a drifting shared machine hits all alike. For each setting the report holds:
+a drifting shared machine hits all alike. Where one copy per setting does not
+fit in memory (a 1.5B model in float32 is 6.2 GB), the settings are measured
+one after another instead, each copy freed before the next is made
+(`sequential`). For each setting the report holds:
 
 - weight bytes per token: what a batch-1 decode step streams, counted from the
   tensors the model holds (minillm.quant.footprint);
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -128,7 +132,8 @@ def build_subject(loaded, setting: str, group_size: int | None = None, max_num_s
     if s.quantization is not None or s.lm_head:
         model = copy.deepcopy(loaded.model)
         gs = group_size if s.quantization in GROUPED else None
-        quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head)
+        quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head,
+                        calibration=s.calibration)
     engine = LLMEngine(model, loaded.tokenizer, loaded.eos_token_ids,
                        EngineConfig(num_kv_blocks=num_kv_blocks, enable_prefix_caching=False, kv_cache_dtype=s.kv_cache_dtype,
                                     max_num_seqs=max_num_seqs, max_num_batched_tokens=1024))
@@ -140,45 +145,82 @@ def measure_quant(
     repeats: int = 3, group_size: int | None = None, log: Callable[[str], None] = lambda s: None,
     peers: Sequence[Any] = (), peer_rows: list[PeerDecodeRow] | None = None,
     quality_windows: int = 0, quality_len: int = 256, throughput: Any = None, tasks: str | None = None,
-    task_limit: int | None = None,
+    task_limit: int | None = None, sequential: bool = False,
 ) -> list[QuantSubjectRow]:
-    """One row per setting. `peers` (subjects with .name and .decode) decode the same prompts, interleaved
-    with the settings; their timings are appended to `peer_rows`. `throughput`: a ThroughputWorkload run
-    once per setting; `tasks`: "code" or "facts", the suite each setting's engine answers."""
+    """One row per setting. `peers` (subjects with .name and .decode) decode the same prompts; their timings
+    are appended to `peer_rows`. `throughput`: a ThroughputWorkload run once per setting; `tasks`: "code" or
+    "facts", the suite each setting's engine answers.
+
+    Interleaved (default): every setting's model is held at once and decode repeats alternate the order of
+    the settings (and peers), so a drifting shared machine hits all alike. `sequential=True`: one setting's
+    copy at a time, measured whole and freed before the next is built -- peak memory is the float model
+    plus one quantized copy, the price is that a drift between settings is not cancelled (peers run last)."""
+    quality = _QualityProbe(loaded, quality_windows, quality_len) if quality_windows > 0 else None
+    rows: list[QuantSubjectRow] = []
+    peer_out = [PeerDecodeRow(p.name) for p in peers]
+    if peer_rows is not None:
+        peer_rows.extend(peer_out)
+    if sequential:
+        for name in settings:
+            subj, row = _build_row(loaded, name, group_size, bandwidth, workload, quality, log)
+            rows.append(row)
+            _timed_repeats(loaded, [subj], [row], workload, repeats, log)
+            _batched(loaded, [subj], [row], throughput, tasks, task_limit, log)
+            del subj
+            gc.collect()  # the copy goes before the next setting's is made
+        if peers:
+            _timed_repeats(loaded, list(peers), peer_out, workload, repeats, log)
+    else:
+        subjects = []
+        for name in settings:
+            subj, row = _build_row(loaded, name, group_size, bandwidth, workload, quality, log)
+            subjects.append(subj)
+            rows.append(row)
+        _timed_repeats(loaded, subjects + list(peers), rows + peer_out, workload, repeats, log)
+        _batched(loaded, subjects, rows, throughput, tasks, task_limit, log)
+    if tasks is not None:
+        base = next((r for r in rows if r.setting == "float"), None)
+        for row in rows:
+            if base is not None:
+                row.task_change_pts = round(100.0 * (row.task_score - base.task_score), 2)
+    return rows
+
+
+def _build_row(loaded, name: str, group_size: int | None, bandwidth: float | None, workload: LatencyWorkload,
+               quality: "_QualityProbe | None", log: Callable[[str], None]) -> tuple[Any, QuantSubjectRow]:
+    """Build one setting's engine and its row: bytes, roof, memory, and quality when asked."""
     from minillm.attention.kv_quant import kv_bytes_per_token, resolve_kv_cache_dtype
     from minillm.quant.footprint import model_bytes, weight_bytes_per_token
 
     cfg = loaded.model.config
-    subjects, rows = [], []
-    quality = _QualityProbe(loaded, quality_windows, quality_len) if quality_windows > 0 else None
     contexts = range(workload.prompt_len + 1, workload.prompt_len + workload.output_len)
-    for name in settings:
-        t0 = time.perf_counter()
-        subj, model, s = build_subject(loaded, name, group_size, max_num_seqs=16, num_kv_blocks=256)
-        kv_dtype = resolve_kv_cache_dtype(s.kv_cache_dtype) or model.embed_tokens.weight.dtype
-        kv_tok = kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, kv_dtype)
-        kv_read = kv_tok * statistics.mean(contexts)
-        wb = weight_bytes_per_token(model)
-        roof = bandwidth / (wb + kv_read) if bandwidth else None
-        rows.append(QuantSubjectRow(name, wb, kv_tok, kv_read, roof, round(time.perf_counter() - t0, 2),
-                                    model_bytes=model_bytes(model), kv_pool_bytes=subj.engine.executor.kv_cache_bytes))
-        subjects.append(subj)
-        log(f"built {name}: {wb / 1e6:.1f} MB weights/token, {kv_tok} B KV/token ({rows[-1].load_s}s)")
-        if quality is not None:
-            quality.score(rows[-1], model, s.kv_cache_dtype)
-            _attach(subj)  # scoring bound its own KV pool to the model
-            log(f"quality {name}: perplexity {rows[-1].perplexity:.3f}, top-1 agreement {rows[-1].top1_agreement:.4f}")
-    peer_out = [PeerDecodeRow(p.name) for p in peers]
-    if peer_rows is not None:
-        peer_rows.extend(peer_out)
-    everyone = subjects + list(peers)
-    timed = rows + peer_out
+    t0 = time.perf_counter()
+    subj, model, s = build_subject(loaded, name, group_size, max_num_seqs=16, num_kv_blocks=256)
+    kv_dtype = resolve_kv_cache_dtype(s.kv_cache_dtype) or model.embed_tokens.weight.dtype
+    kv_tok = kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, kv_dtype)
+    kv_read = kv_tok * statistics.mean(contexts)
+    wb = weight_bytes_per_token(model)
+    roof = bandwidth / (wb + kv_read) if bandwidth else None
+    row = QuantSubjectRow(name, wb, kv_tok, kv_read, roof, round(time.perf_counter() - t0, 2),
+                          model_bytes=model_bytes(model), kv_pool_bytes=subj.engine.executor.kv_cache_bytes)
+    log(f"built {name}: {wb / 1e6:.1f} MB weights/token, {kv_tok} B KV/token ({row.load_s}s)")
+    if quality is not None:
+        quality.score(row, model, s.kv_cache_dtype)
+        _attach(subj)  # scoring bound its own KV pool to the model
+        log(f"quality {name}: perplexity {row.perplexity:.3f}, top-1 agreement {row.top1_agreement:.4f}")
+    return subj, row
+
+
+def _timed_repeats(loaded, everyone: list[Any], timed: list[Any], workload: LatencyWorkload, repeats: int,
+                   log: Callable[[str], None]) -> None:
+    """Warm up, then `repeats` rounds of batch-1 decode (and prefill for engines), the order alternating."""
+    vocab = loaded.model.config.vocab_size
     for s in everyone:  # warm-up: allocations, oneDNN primitives, first-call packing
         _attach(s)
-        s.decode(workload.decode_prompt(-1, cfg.vocab_size), min(8, workload.output_len))
+        s.decode(workload.decode_prompt(-1, vocab), min(8, workload.output_len))
+    order = list(range(len(everyone)))
     for r in range(repeats):
-        prompt = workload.decode_prompt(r, cfg.vocab_size)
-        order = list(range(len(everyone)))
+        prompt = workload.decode_prompt(r, vocab)
         for i in order if r % 2 == 0 else order[::-1]:
             _attach(everyone[i])
             run = everyone[i].decode(prompt, workload.output_len)
@@ -186,16 +228,21 @@ def measure_quant(
             label = getattr(timed[i], "setting", None) or timed[i].name
             log(f"decode {label:20s} repeat {r}: {run.decode_tok_s:7.2f} tok/s")
         if workload.prefill_len > 0:
-            long_prompt = workload.prefill_prompt(r, cfg.vocab_size)
+            long_prompt = workload.prefill_prompt(r, vocab)
             for i in order if r % 2 == 0 else order[::-1]:
-                if i >= len(subjects):
+                if not isinstance(timed[i], QuantSubjectRow):
                     continue  # peers decode only
-                _attach(subjects[i])
-                ttft = subjects[i].prefill(long_prompt)
-                rows[i].prefill_tok_s.append(len(long_prompt) / ttft)
-                log(f"prefill {rows[i].setting:20s} repeat {r}: {rows[i].prefill_tok_s[-1]:7.1f} tok/s")
+                _attach(everyone[i])
+                ttft = everyone[i].prefill(long_prompt)
+                timed[i].prefill_tok_s.append(len(long_prompt) / ttft)
+                log(f"prefill {timed[i].setting:20s} repeat {r}: {timed[i].prefill_tok_s[-1]:7.1f} tok/s")
+
+
+def _batched(loaded, subjects: list[Any], rows: list[QuantSubjectRow], throughput: Any, tasks: str | None,
+             task_limit: int | None, log: Callable[[str], None]) -> None:
+    """The batched workload's output tok/s and the task suite's score, per setting."""
     if throughput is not None:
-        prompts, out_lens = throughput.requests(cfg.vocab_size)
+        prompts, out_lens = throughput.requests(loaded.model.config.vocab_size)
         for row, subj in zip(rows, subjects):
             _attach(subj)
             run = subj.serve(prompts, out_lens)
@@ -206,11 +253,21 @@ def measure_quant(
             _attach(subj)
             row.task_passed, row.task_total = run_task_suite(subj, loaded.tokenizer, tasks, task_limit)
             log(f"tasks {row.setting:20s}: {row.task_passed}/{row.task_total} ({tasks})")
-        base = next((r for r in rows if r.setting == "float"), None)
-        for row in rows:
-            if base is not None:
-                row.task_change_pts = round(100.0 * (row.task_score - base.task_score), 2)
-    return rows
+
+
+def needs_sequential(loaded, settings: Sequence[str], available_bytes: int | None = None) -> bool:
+    """True when one quantized copy per setting (counted at the float model's size, the copy made before
+    quantizing) would not fit in half the memory available now."""
+    import os
+
+    from minillm.eval.ppl import parse_setting
+    from minillm.quant.footprint import model_bytes
+
+    if available_bytes is None:
+        available_bytes = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    parsed = [parse_setting(x) for x in settings]
+    copies = sum(1 for s in parsed if s.quantization is not None or s.lm_head)  # build_subject copies these
+    return model_bytes(loaded.model) * copies > available_bytes // 2
 
 
 def run_task_suite(subject: Any, tokenizer, suite: str, limit: int | None = None) -> tuple[int, int]:
