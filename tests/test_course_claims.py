@@ -3,7 +3,8 @@ numbers that contradict it (issue 16: an assert that cannot fail checks nothing)
 import pytest
 
 from minillm.bench.course_claims import (check_batching_model, check_calibration_domain, check_continuous_claim,
-                                         check_paging_claim, check_serving_tradeoff)
+                                         check_kv_heads_capacity, check_paging_claim, check_roofline_claim,
+                                         check_serving_tradeoff)
 
 
 def test_paging_claim():
@@ -52,3 +53,26 @@ def test_calibration_domain():
                        (("w8a8", "code", "prose"), 0.2)):  # the mismatched calibration wins on prose
         with pytest.raises(AssertionError):
             check_calibration_domain(measured | {key: value}, ("w8a8", "int4-awq"), bounds)
+
+
+def test_roofline_claim():
+    # notebook 01 on this machine: FLOP/byte of batch-1 and batch-32 decode, a 512-token prefill, the ridge
+    measured = dict(decode1_intensity=0.50, decode_max_intensity=15.24, prefill_intensity=201.0, ridge=6.16)
+    check_roofline_claim(**measured)
+    for bad in [dict(decode1_intensity=8.0),  # batch-1 decode right of the ridge: compute-bound
+                dict(prefill_intensity=5.0),  # the long prefill left of it: memory-bound
+                dict(decode_max_intensity=3.0)]:  # batching raised the intensity only 6x, not about linearly
+        args = measured | bad
+        with pytest.raises(AssertionError):
+            check_roofline_claim(**args)
+
+
+def test_kv_heads_capacity():
+    # notebook 02 on this machine: the same 2 MiB of KV memory under 9, 3 and 1 K/V heads
+    kv, blocks, peaks = {"MHA": 9, "GQA": 3, "MQA": 1}, {"MHA": 14, "GQA": 42, "MQA": 128}, {"MHA": 4, "GQA": 14, "MQA": 32}
+    check_kv_heads_capacity(kv, blocks, peaks)
+    for bad_blocks, bad_peaks in ((dict(GQA=28), {}),  # GQA's pool only 2x MHA's: not the 3x head ratio
+                                  ({}, dict(GQA=4)),  # 3x the blocks, yet no more sequences at once
+                                  ({}, dict(MQA=10))):  # a third of the heads, fewer sequences than GQA
+        with pytest.raises(AssertionError):
+            check_kv_heads_capacity(kv, blocks | bad_blocks, peaks | bad_peaks)

@@ -79,7 +79,9 @@ def test_each_chapter_runs_the_engine_live_and_static(name):
     assert "LLM(" in src, "runs the real engine on the default model"
     assert "Dashboard(" in src, "shows a live widget"
     assert "show_figure(" in src, "shows a static figure"
-    assert "assert " in src and "print(" in src, "checks and prints a measured claim"
+    # a measured claim is checked inline or through minillm/bench/course_claims.py
+    assert ("assert " in src or re.search(r"\bcheck_\w+\(", src)) and "print(" in src, \
+        "checks and prints a measured claim"
     md = "\n".join(c.source for c in load(ROOT / "notebooks" / f"{name}.ipynb").cells if c.cell_type == "markdown")
     assert "Claim" in md, "names the claim from the literature it reproduces"
 

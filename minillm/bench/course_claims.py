@@ -91,3 +91,43 @@ def check_calibration_domain(dppl: dict[tuple[str, str, str], float], methods: t
             f"(prose-calibrated {dppl[m, 'prose', 'code']:+.2f}%, code-calibrated {dppl[m, 'code', 'code']:+.2f}%)")
         won = dppl[m, "prose", "prose"] - dppl[m, "code", "prose"]
         assert won < noise, f"{m}: on prose, calibrating on code won by {won:.2f} points: the mismatch helped?"
+
+
+def check_roofline_claim(decode1_intensity: float, decode_max_intensity: float, prefill_intensity: float,
+                         ridge: float, min_growth: float = 10.0) -> None:
+    """Notebook 01 (Yuan et al., *LLM Inference Unveiled: Survey and Roofline Model Insights*, 2024):
+    decode at small batch is memory-bound and prefill compute-bound, and batching moves decode
+    toward the ridge.
+
+    Intensities in FLOP per byte: batch-1 decode, the largest decode batch (32 in the notebook) and
+    a 512-token prefill; ridge: this machine's peak FLOP/s over its bandwidth. Batch-1 decode must
+    lie left of the ridge and the prefill right of it; the largest batch must reach more than
+    `min_growth` times batch 1's intensity (the same weights read for that many more tokens)."""
+    assert decode1_intensity < ridge, (
+        f"batch-1 decode at {decode1_intensity:.2f} FLOP/byte is not left of the ridge ({ridge:.2f}): not memory-bound")
+    assert prefill_intensity > ridge, (
+        f"the prefill at {prefill_intensity:.2f} FLOP/byte is not right of the ridge ({ridge:.2f}): not compute-bound")
+    # about linear in the batch: 32 sequences share one weight read; attention's own bytes keep it below 32x
+    growth = decode_max_intensity / decode1_intensity
+    assert growth > min_growth, (
+        f"the largest decode batch reached {decode_max_intensity:.2f} FLOP/byte, only {growth:.1f}x batch 1's "
+        f"{decode1_intensity:.2f}: not > {min_growth:g}x")
+
+
+def check_kv_heads_capacity(kv_heads: dict[str, int], blocks: dict[str, int], peak_running: dict[str, int],
+                            slack_blocks: int = 3) -> None:
+    """Notebook 02 (Ainslie et al., *GQA*, EMNLP 2023; Shazeer, *MQA*, 2019): fewer K/V heads,
+    proportionally more sequences -- the cache shrinks by the ratio of K/V heads.
+
+    Per layout "MHA", "GQA", "MQA" under the same KV memory budget: its K/V heads, the blocks its
+    pool received and the peak number of sequences running at once. GQA must fit the MHA pool's
+    blocks times the head ratio (less `slack_blocks` for rounding) and run more sequences than MHA;
+    MQA at least as many as GQA (the workload's request count may cap both)."""
+    want = blocks["MHA"] * kv_heads["MHA"] // kv_heads["GQA"]
+    assert blocks["GQA"] + slack_blocks >= want, (
+        f"GQA ({kv_heads['GQA']} kv heads) got {blocks['GQA']} blocks, MHA ({kv_heads['MHA']}) {blocks['MHA']}: "
+        f"not the {kv_heads['MHA'] / kv_heads['GQA']:g}x the head ratio gives ({want} - {slack_blocks})")
+    assert peak_running["GQA"] > peak_running["MHA"], (
+        f"GQA ran {peak_running['GQA']} sequences at once, MHA {peak_running['MHA']}: the larger pool bought nothing")
+    assert peak_running["MQA"] >= peak_running["GQA"], (
+        f"MQA ran {peak_running['MQA']} sequences at once, fewer than GQA's {peak_running['GQA']}")
