@@ -2,9 +2,9 @@
 numbers that contradict it (issue 16: an assert that cannot fail checks nothing)."""
 import pytest
 
-from minillm.bench.course_claims import (check_batching_model, check_calibration_domain, check_continuous_claim,
-                                         check_kv_heads_capacity, check_paging_claim, check_roofline_claim,
-                                         check_serving_tradeoff)
+from minillm.bench.course_claims import (check_batching_model, check_calibration_domain, check_chat_reuse,
+                                         check_continuous_claim, check_kv_heads_capacity, check_paging_claim,
+                                         check_prefix_reuse, check_roofline_claim, check_serving_tradeoff)
 
 
 def test_paging_claim():
@@ -76,3 +76,24 @@ def test_kv_heads_capacity():
                                   ({}, dict(MQA=10))):  # a third of the heads, fewer sequences than GQA
         with pytest.raises(AssertionError):
             check_kv_heads_capacity(kv, blocks | bad_blocks, peaks | bad_peaks)
+
+
+def test_prefix_reuse():
+    # notebook 06 on this machine: 5 questions after the warm-up, 161 shared prompt tokens (10 full blocks)
+    measured = dict(hit_tokens=800, shared_tokens=161, repeats=5, computed_cached=70, computed_plain=870)
+    check_prefix_reuse(**measured)
+    for bad in [dict(hit_tokens=640),  # one question found nothing of the shared prefix
+                dict(computed_cached=870)]:  # hits reported, yet every prompt token computed again
+        with pytest.raises(AssertionError):
+            check_prefix_reuse(**(measured | bad))
+
+
+def test_chat_reuse():
+    hits, ttft = {"none": 0.0, "hash": 0.75, "radix": 0.75}, {"none": 0.530, "hash": 0.163, "radix": 0.161}  # notebook 06
+    check_chat_reuse(hits, ttft, outputs_identical=True)
+    for bad_hits, bad_ttft, same in ((dict(hash=0.07), {}, True),  # only the system prompt hit: history lost
+                                     (dict(none=0.1), {}, True),  # the cache-less engine hit something
+                                     ({}, dict(radix=0.41), True),  # hits, but TTFT only 1.3x lower
+                                     ({}, {}, False)):  # the cache changed the greedy answers
+        with pytest.raises(AssertionError):
+            check_chat_reuse(hits | bad_hits, ttft | bad_ttft, outputs_identical=same)

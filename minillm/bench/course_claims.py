@@ -131,3 +131,42 @@ def check_kv_heads_capacity(kv_heads: dict[str, int], blocks: dict[str, int], pe
         f"GQA ran {peak_running['GQA']} sequences at once, MHA {peak_running['MHA']}: the larger pool bought nothing")
     assert peak_running["MQA"] >= peak_running["GQA"], (
         f"MQA ran {peak_running['MQA']} sequences at once, fewer than GQA's {peak_running['GQA']}")
+
+
+def check_prefix_reuse(hit_tokens: int, shared_tokens: int, repeats: int, computed_cached: int, computed_plain: int,
+                       block_size: int = 16) -> None:
+    """Notebook 06 (SGLang's RadixAttention, Zheng et al., 2024; vLLM's automatic prefix caching):
+    a cached prefix is not computed again, which cuts time to first token.
+
+    hit_tokens: prompt tokens the cached engine found in its cache; shared_tokens: the prefix every
+    prompt shares; repeats: requests after the one that filled the cache. Each repeat must find at
+    least the shared prefix's full blocks (a partial block is never cached), and the cached engine
+    must compute fewer prompt tokens than the engine without a cache (computed_cached vs
+    computed_plain, after the warm-up)."""
+    floor = repeats * (shared_tokens // block_size) * block_size
+    assert hit_tokens >= floor, (
+        f"{hit_tokens} prompt tokens hit the cache, fewer than {repeats} requests x "
+        f"{shared_tokens // block_size * block_size} = {floor}: the shared prefix's full blocks")
+    assert computed_cached < computed_plain, (
+        f"with the cache {computed_cached} prompt tokens computed, without it {computed_plain}: it saved nothing")
+
+
+def check_chat_reuse(hit_rate: dict[str, float], ttft_p50: dict[str, float], outputs_identical: bool,
+                     min_hit_rate: float = 0.5, min_ttft_gain: float = 2.0) -> None:
+    """Notebook 06 (RadixAttention, Zheng et al., 2024): a multi-turn chat reuses its history --
+    every turn's prompt is the conversation so far plus a new message.
+
+    hit_rate and ttft_p50 (median TTFT, seconds) per engine "none", "hash", "radix". Without a cache
+    nothing hits; with either cache at least `min_hit_rate` of the prompt tokens must hit (about 3/4
+    expected; a cache that lost the history between turns hits only the system prompt) and the
+    median TTFT must drop at least `min_ttft_gain`x. Caching changes what is computed, never the
+    greedy answers."""
+    assert hit_rate["none"] == 0, f"the engine without a cache reports a hit rate of {hit_rate['none']:.2f}"
+    for name in ("hash", "radix"):
+        assert hit_rate[name] >= min_hit_rate, (
+            f"{name}: hit rate {hit_rate[name]:.2f} < {min_hit_rate}: the history was not reused between turns")
+        gain = ttft_p50["none"] / ttft_p50[name]
+        assert gain >= min_ttft_gain, (
+            f"{name}: median TTFT {ttft_p50['none'] * 1e3:.0f} ms without a cache -> {ttft_p50[name] * 1e3:.0f} ms, "
+            f"only {gain:.2f}x lower (< {min_ttft_gain}x)")
+    assert outputs_identical, "the greedy outputs differ between the engines: caching changed the answers"
