@@ -37,6 +37,8 @@ def test_every_scheme_gets_size_memory_quality_and_speed(tmp_path, monkeypatch, 
         assert r["throughput_tok_s"] > 0 and r["task_total"] == 2 and 0 <= r["task_passed"] <= 2
     assert rows["kv-int8"]["kv_pool_bytes"] < rows["float"]["kv_pool_bytes"]  # same blocks, fewer bytes each
     assert rows["float"]["task_change_pts"] == 0
+    assert rows["float"]["task_flips"] == 0 and all(len(r["task_verdicts"]) == 2 for r in rows.values())
+    assert all(r["task_flips"] >= abs(r["task_passed"] - rows["float"]["task_passed"]) for r in rows.values())
     assert all(r["task_change_pts"] == 100 * (r["task_score"] - rows["float"]["task_score"]) for r in rows.values())
     assert "batch/s" in text and "task" in text
 
@@ -89,3 +91,15 @@ def test_sequential_when_one_copy_per_setting_does_not_fit(tmp_path):
     three = ["float", "int8", "int4", "kv-int8", "gptq"]  # float and kv-int8 share the loaded model: 3 copies
     assert not needs_sequential(loaded, three, available_bytes=6 * size + 2)
     assert needs_sequential(loaded, three, available_bytes=6 * size - 2)
+
+
+def test_task_flips_count_the_items_whose_verdict_changed():
+    import minillm.bench.quant as q
+    from minillm.bench.quant import QuantSubjectRow
+
+    base = QuantSubjectRow("float", 1, 1, 1.0, None, 0.0, task_verdicts=[True, False, True, False])
+    other = QuantSubjectRow("int4", 1, 1, 1.0, None, 0.0, task_verdicts=[False, True, True, False])
+    for r in (base, other):
+        r.task_passed, r.task_total = sum(r.task_verdicts), len(r.task_verdicts)
+    q._compare_tasks([base, other])
+    assert other.task_change_pts == 0 and other.task_flips == 2 and base.task_flips == 0

@@ -70,6 +70,8 @@ class QuantSubjectRow:
     task_passed: int | None = None
     task_total: int | None = None
     task_change_pts: float | None = None  # score - float's score, percentage points
+    task_verdicts: list[bool] | None = None  # per item, in the suite's order
+    task_flips: int | None = None  # items whose verdict differs from float's (a net change hides these)
 
     @property
     def allocated_bytes(self) -> int | None:
@@ -179,11 +181,18 @@ def measure_quant(
         _timed_repeats(loaded, subjects + list(peers), rows + peer_out, workload, repeats, log)
         _batched(loaded, subjects, rows, throughput, tasks, task_limit, log)
     if tasks is not None:
-        base = next((r for r in rows if r.setting == "float"), None)
-        for row in rows:
-            if base is not None:
-                row.task_change_pts = round(100.0 * (row.task_score - base.task_score), 2)
+        _compare_tasks(rows)
     return rows
+
+
+def _compare_tasks(rows: list[QuantSubjectRow]) -> None:
+    """Each row's task score change vs the float row, and how many items flipped either way."""
+    base = next((r for r in rows if r.setting == "float"), None)
+    if base is None:
+        return
+    for row in rows:
+        row.task_change_pts = round(100.0 * (row.task_score - base.task_score), 2)
+        row.task_flips = sum(a != b for a, b in zip(row.task_verdicts, base.task_verdicts))
 
 
 def _build_row(loaded, name: str, group_size: int | None, bandwidth: float | None, workload: LatencyWorkload,
@@ -251,7 +260,8 @@ def _batched(loaded, subjects: list[Any], rows: list[QuantSubjectRow], throughpu
     if tasks is not None:
         for row, subj in zip(rows, subjects):
             _attach(subj)
-            row.task_passed, row.task_total = run_task_suite(subj, loaded.tokenizer, tasks, task_limit)
+            row.task_verdicts = task_verdicts(subj, loaded.tokenizer, tasks, task_limit)
+            row.task_passed, row.task_total = sum(row.task_verdicts), len(row.task_verdicts)
             log(f"tasks {row.setting:20s}: {row.task_passed}/{row.task_total} ({tasks})")
 
 
@@ -270,8 +280,8 @@ def needs_sequential(loaded, settings: Sequence[str], available_bytes: int | Non
     return model_bytes(loaded.model) * copies > available_bytes // 2
 
 
-def run_task_suite(subject: Any, tokenizer, suite: str, limit: int | None = None) -> tuple[int, int]:
-    """(passed, total) of one task suite answered greedily by `subject`'s engine, checked as
+def task_verdicts(subject: Any, tokenizer, suite: str, limit: int | None = None) -> list[bool]:
+    """Pass/fail per item of one task suite answered greedily by `subject`'s engine, checked as
     `minillm eval tasks` checks it (code: the function's unit tests; facts: exact match)."""
     from minillm.eval.tasks.code_check import STOP, check_all
     from minillm.eval.tasks.facts_check import is_match, messages
@@ -289,10 +299,8 @@ def run_task_suite(subject: Any, tokenizer, suite: str, limit: int | None = None
     outs, _ = subject.run(prompts, [params] * len(prompts))
     texts = [o.outputs[0].text for o in outs]
     if suite == "code":
-        passed = sum(r.passed for r in check_all(items, texts))
-    else:
-        passed = sum(is_match(i, x) for i, x in zip(items, texts))
-    return passed, len(items)
+        return [bool(r.passed) for r in check_all(items, texts)]
+    return [bool(is_match(i, x)) for i, x in zip(items, texts)]
 
 
 class _QualityProbe:
@@ -329,7 +337,7 @@ def format_quant(rows: list[QuantSubjectRow], bandwidth: float | None, peers: Se
              f"prefill, quality against the float model",
              f"{'setting':20s} {'W MB/tok':>9s} {'mem MB':>7s} {'alloc MB':>8s} {'KV B/tok':>9s} {'roof tok/s':>10s} "
              f"{'tok/s':>8s} {'of roof':>8s} {'prefill/s':>9s} {'batch/s':>8s} {'ppl':>7s} {'d ppl %':>7s} {'top-1':>6s} "
-             f"{'task':>7s} {'d pt':>6s}"
+             f"{'task':>7s} {'d pt':>6s} {'flips':>5s}"
              + "".join(f" {'vs ' + p.name:>22s}" for p in measured)]
 
     def opt(v, spec: str, width: int) -> str:  # spec: sign and precision, e.g. "+.2f"
@@ -349,10 +357,11 @@ def format_quant(rows: list[QuantSubjectRow], bandwidth: float | None, peers: Se
                      f"{r.median_tok_s:8.1f} {frac} {opt(r.median_prefill_tok_s, '.1f', 9)} "
                      f"{opt(r.throughput_tok_s, '.1f', 8)} "
                      f"{opt(r.perplexity, '.3f', 7)} {opt(r.ppl_change_pct, '+.2f', 7)} {opt(r.top1_agreement, '.3f', 6)} "
-                     f"{task:>7s} {opt(r.task_change_pts, '+.1f', 6)}"
+                     f"{task:>7s} {opt(r.task_change_pts, '+.1f', 6)} {opt(r.task_flips, 'd', 5)}"
                      + "".join(f" {ratios[r.setting][p.name]:22.2f}" for p in measured))
     lines.append("mem: weights held; alloc: weights + KV pool as allocated; batch/s: output tok/s of the batched "
-                 "workload; task: the suite's passed/total, d pt: its change from float in points")
+                 "workload; task: the suite's passed/total, d pt: its change from float in points, flips: items whose "
+                 "verdict differs from float's")
     if any(r.setting.split("+")[0] == "fp8" for r in rows):
         lines.append("fp8 here: e4m3 weights stored, dequantized on every call (no fp8 arithmetic on this CPU)")
     for p in measured:
