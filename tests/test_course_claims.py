@@ -3,8 +3,9 @@ numbers that contradict it (issue 16: an assert that cannot fail checks nothing)
 import pytest
 
 from minillm.bench.course_claims import (check_batching_model, check_calibration_domain, check_chat_reuse,
-                                         check_continuous_claim, check_kv_heads_capacity, check_paging_claim,
-                                         check_prefix_reuse, check_roofline_claim, check_serving_tradeoff)
+                                         check_chunked_prefill, check_continuous_claim, check_kv_heads_capacity,
+                                         check_paging_claim, check_prefix_reuse, check_roofline_claim,
+                                         check_serving_tradeoff)
 
 
 def test_paging_claim():
@@ -97,3 +98,16 @@ def test_chat_reuse():
                                      ({}, {}, False)):  # the cache changed the greedy answers
         with pytest.raises(AssertionError):
             check_chat_reuse(hits | bad_hits, ttft | bad_ttft, outputs_identical=same)
+
+
+def test_chunked_prefill():
+    # notebook 07 on this machine (busy with another job): worst decode stall (s) without chunking and with
+    # 64-token chunks
+    measured = dict(stall_unchunked_s=6.483, stall_chunked_s=5.012, max_prefill_tokens_chunked=64, chunk=64,
+                    steps_over_budget=0)
+    check_chunked_prefill(**measured)
+    for bad in [dict(stall_chunked_s=7.1),  # chunking made the worst stall longer
+                dict(max_prefill_tokens_chunked=128),  # a step took two chunks' worth of the prompt
+                dict(steps_over_budget=1)]:  # the scheduler overran a step's token budget
+        with pytest.raises(AssertionError):
+            check_chunked_prefill(**(measured | bad))

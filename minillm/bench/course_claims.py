@@ -170,3 +170,20 @@ def check_chat_reuse(hit_rate: dict[str, float], ttft_p50: dict[str, float], out
             f"{name}: median TTFT {ttft_p50['none'] * 1e3:.0f} ms without a cache -> {ttft_p50[name] * 1e3:.0f} ms, "
             f"only {gain:.2f}x lower (< {min_ttft_gain}x)")
     assert outputs_identical, "the greedy outputs differ between the engines: caching changed the answers"
+
+
+def check_chunked_prefill(stall_unchunked_s: float, stall_chunked_s: float, max_prefill_tokens_chunked: int,
+                          chunk: int, steps_over_budget: int) -> None:
+    """Notebook 07 (Agrawal et al., *Sarathi-Serve*, OSDI 2024): chunked prefill bounds decode stalls.
+
+    Four requests decode when a 768-token prompt arrives. stall_*_s: the decoding requests' worst
+    inter-token latency without chunking (the whole prompt in one step) and with `chunk`-token
+    chunks; max_prefill_tokens_chunked: the most prompt tokens any chunked step computed;
+    steps_over_budget: steps, in all runs, that computed more tokens than their token budget. No
+    step may exceed its budget, no chunk `chunk`, and chunking must shorten the worst stall."""
+    assert steps_over_budget == 0, f"{steps_over_budget} steps computed more tokens than their budget"
+    assert max_prefill_tokens_chunked <= chunk, (
+        f"a chunked step computed {max_prefill_tokens_chunked} prompt tokens, more than the {chunk}-token chunk")
+    assert stall_chunked_s < stall_unchunked_s, (
+        f"worst decode stall {stall_chunked_s * 1e3:.0f} ms with {chunk}-token chunks, "
+        f"{stall_unchunked_s * 1e3:.0f} ms without: chunking did not bound it")
