@@ -4,8 +4,8 @@ import pytest
 
 from minillm.bench.course_claims import (check_batching_model, check_calibration_domain, check_chat_reuse,
                                          check_chunked_prefill, check_continuous_claim, check_kv_heads_capacity,
-                                         check_paging_claim, check_prefix_reuse, check_roofline_claim,
-                                         check_serving_tradeoff)
+                                         check_moe_compute, check_paging_claim, check_prefix_reuse,
+                                         check_roofline_claim, check_router_imbalance, check_serving_tradeoff)
 
 
 def test_paging_claim():
@@ -111,3 +111,30 @@ def test_chunked_prefill():
                 dict(steps_over_budget=1)]:  # the scheduler overran a step's token budget
         with pytest.raises(AssertionError):
             check_chunked_prefill(**(measured | bad))
+
+
+def test_moe_compute():
+    # notebook 13: a decode step of 16 tokens of the tiny top-2-of-8 MoE vs a dense model of the same
+    # parameters (38.7 vs 114.1 MFLOP); Mixtral 8x7B counted from its config (46.70B, 12.88B active)
+    moe, dense, total, active = 38.7e6, 114.1e6, 46.70e9, 12.88e9
+    check_moe_compute(moe, dense, total, active)
+    with pytest.raises(AssertionError):  # every expert computed for every token: dense cost
+        check_moe_compute(dense, dense, total, active)
+    with pytest.raises(AssertionError):  # k = 4 of 8 would cost about half
+        check_moe_compute(0.55 * dense, dense, total, active)
+    with pytest.raises(AssertionError):  # counting all experts as active
+        check_moe_compute(moe, dense, total, total)
+
+
+def test_router_imbalance():
+    # notebook 13: per-layer CV of the experts' loads over 3,696 tokens vs uniform routing of as many
+    # (sqrt(6 / (2 x 3696)) = 0.028; simulated 95th percentile 0.041)
+    cvs, floor, p95 = [0.76, 0.49, 0.49, 0.62], 0.028, 0.041
+    check_router_imbalance(cvs, floor, factor=5, simulated_p95=p95)
+    with pytest.raises(AssertionError):  # one layer as balanced as a trained router (3x uniform noise)
+        check_router_imbalance(cvs + [3 * floor], floor, factor=5, simulated_p95=p95)
+    with pytest.raises(AssertionError):  # the yardstick is wrong: simulated uniform routing far above the formula
+        check_router_imbalance(cvs, floor, factor=5, simulated_p95=3 * floor)
+    check_router_imbalance([0.98], 0.43, factor=1)  # the median decode step of 16 tokens, layer 0
+    with pytest.raises(AssertionError):  # as even as uniform routing's sampling noise
+        check_router_imbalance([0.40], 0.43, factor=1)

@@ -187,3 +187,38 @@ def check_chunked_prefill(stall_unchunked_s: float, stall_chunked_s: float, max_
     assert stall_chunked_s < stall_unchunked_s, (
         f"worst decode stall {stall_chunked_s * 1e3:.0f} ms with {chunk}-token chunks, "
         f"{stall_unchunked_s * 1e3:.0f} ms without: chunking did not bound it")
+
+
+def check_moe_compute(moe_flops: float, dense_flops: float, mixtral_params: float, mixtral_active: float,
+                      max_ratio: float = 0.4, paper: tuple[float, float] = (46.7e9, 12.9e9), tol: float = 0.05e9) -> None:
+    """Notebook 13 (Shazeer et al., 2017; Fedus et al., *Switch Transformers*, 2021; Jiang et al.,
+    *Mixtral of Experts*, 2024): a top-k MoE costs a token the compute of its k active experts while
+    holding all E experts' parameters.
+
+    moe_flops, dense_flops: one decode step of the tiny top-2-of-8 model and of a dense model with
+    the same total parameters (one MLP as wide as all experts); the MoE must cost less than
+    `max_ratio` of it (k/E = 1/4, plus attention and the routers). mixtral_params, mixtral_active:
+    Mixtral 8x7B's total and per-token parameters by the same counting, within `tol` of the paper's."""
+    assert moe_flops < max_ratio * dense_flops, (
+        f"the MoE decode step cost {moe_flops / dense_flops:.2f}x a dense model of the same parameters, "
+        f"not < {max_ratio}: it pays for more than its active experts")
+    assert abs(mixtral_params - paper[0]) < tol and abs(mixtral_active - paper[1]) < tol, (
+        f"Mixtral 8x7B counted {mixtral_params / 1e9:.2f}B parameters, {mixtral_active / 1e9:.2f}B active; "
+        f"the paper: {paper[0] / 1e9:.1f}B, {paper[1] / 1e9:.1f}B")
+
+
+def check_router_imbalance(cvs: list[float], uniform_cv: float, factor: float,
+                           simulated_p95: float | None = None) -> None:
+    """Notebook 13 (Switch Transformers' load-balancing loss): nothing in top-k routing balances the
+    load -- an untrained router is far from uniform.
+
+    cvs: coefficient of variation of the experts' token counts, per layer (or per step);
+    uniform_cv: what uniform routing of the same assignments gives, sqrt((E - k) / (k T)). Every CV
+    must exceed `factor` x that. simulated_p95: where given, the 95th percentile of simulated
+    uniform routings, which must stay within 2x the formula (the yardstick itself is right)."""
+    if simulated_p95 is not None:
+        assert simulated_p95 < 2 * uniform_cv, (
+            f"simulated uniform routing reached CV {simulated_p95:.3f}, over 2x the formula's {uniform_cv:.3f}")
+    assert min(cvs) > factor * uniform_cv, (
+        f"a CV of {min(cvs):.3f} is within {factor:g}x of uniform routing's {uniform_cv:.3f}: "
+        f"the router balanced the load (all: {[round(c, 3) for c in cvs]})")
