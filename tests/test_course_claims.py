@@ -4,8 +4,9 @@ import pytest
 
 from minillm.bench.course_claims import (check_batching_model, check_calibration_domain, check_chat_reuse,
                                          check_chunked_prefill, check_continuous_claim, check_kv_heads_capacity,
-                                         check_moe_compute, check_paging_claim, check_prefix_reuse,
-                                         check_roofline_claim, check_router_imbalance, check_serving_tradeoff)
+                                         check_length_aware_tail, check_moe_compute, check_paging_claim,
+                                         check_prefix_reuse, check_roofline_claim, check_router_imbalance,
+                                         check_serving_tradeoff)
 
 
 def test_paging_claim():
@@ -138,3 +139,21 @@ def test_router_imbalance():
     check_router_imbalance([0.98], 0.43, factor=1)  # the median decode step of 16 tokens, layer 0
     with pytest.raises(AssertionError):  # as even as uniform routing's sampling noise
         check_router_imbalance([0.40], 0.43, factor=1)
+
+
+def test_length_aware_tail():
+    # notebook 12 on this machine: short-request P99 TTFT in seconds and in steps per policy; the long
+    # requests' P99 e2e in steps is not printed (their e2e in seconds grew 1.8x): these two are illustrative
+    secs = {"fcfs": 3.56, "priority": 2.15, "length-aware": 0.53}
+    steps = {"fcfs": 21.9, "priority": 12.9, "length-aware": 3.0}
+    long_e2e = {"fcfs": 40.0, "priority": 40.0, "length-aware": 70.0}
+    check_length_aware_tail(secs, steps, long_e2e, outputs_identical=True)
+    for bad in [dict(secs=secs | {"length-aware": secs["fcfs"] / 2}),  # only 2x in seconds
+                dict(steps=steps | {"length-aware": steps["fcfs"] / 2}),  # only 2x in steps
+                dict(steps=steps | {"priority": steps["fcfs"] + 1}),  # priority made the tail worse
+                dict(steps=steps | {"priority": steps["length-aware"]}),  # priority did as well without reserved seats
+                dict(long_e2e=long_e2e | {"length-aware": long_e2e["fcfs"]}),  # the long requests paid nothing
+                dict(same=False)]:  # a policy changed the greedy tokens
+        args = dict(secs=secs, steps=steps, long_e2e=long_e2e, same=True) | bad
+        with pytest.raises(AssertionError):
+            check_length_aware_tail(args["secs"], args["steps"], args["long_e2e"], outputs_identical=args["same"])

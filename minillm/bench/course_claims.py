@@ -222,3 +222,32 @@ def check_router_imbalance(cvs: list[float], uniform_cv: float, factor: float,
     assert min(cvs) > factor * uniform_cv, (
         f"a CV of {min(cvs):.3f} is within {factor:g}x of uniform routing's {uniform_cv:.3f}: "
         f"the router balanced the load (all: {[round(c, 3) for c in cvs]})")
+
+
+def check_length_aware_tail(short_p99_s: dict[str, float], short_p99_steps: dict[str, float],
+                            long_e2e_p99_steps: dict[str, float], outputs_identical: bool, factor: float = 3.0) -> None:
+    """Notebook 12 (the serving guides' remedy for a slow tail: priority queues, or lanes split by
+    expected output length): split by expected length and the short requests' P99 TTFT improves.
+
+    Per policy "fcfs", "priority", "length-aware": the short requests' P99 TTFT in seconds (median
+    over repeats) and in steps, and the long requests' P99 e2e in steps. Length-aware must cut the
+    short P99 at least `factor`x against fcfs, in seconds and in steps (about 5-10x expected: a long
+    generation's length over a short one's); priority, whose short requests still wait for running
+    long ones, may help but not by `factor`; the long requests pay (their P99 e2e grows); the
+    greedy outputs are the same under every policy."""
+    gain_s = short_p99_s["fcfs"] / short_p99_s["length-aware"]
+    gain_steps = short_p99_steps["fcfs"] / short_p99_steps["length-aware"]
+    assert gain_s >= factor, (f"length-aware cut the short P99 TTFT only {gain_s:.1f}x in seconds "
+                              f"({short_p99_s['fcfs']:.2f} s -> {short_p99_s['length-aware']:.2f} s), not >= {factor}x")
+    assert gain_steps >= factor, (f"length-aware cut the short P99 TTFT only {gain_steps:.1f}x in steps "
+                                  f"({short_p99_steps['fcfs']} -> {short_p99_steps['length-aware']}), not >= {factor}x")
+    # priority: the right direction, but without reserved seats its short requests wait for running long ones
+    assert short_p99_steps["priority"] <= short_p99_steps["fcfs"], (
+        f"priority made the short P99 worse: {short_p99_steps['fcfs']} -> {short_p99_steps['priority']} steps")
+    assert short_p99_steps["fcfs"] / short_p99_steps["priority"] < factor, (
+        f"priority cut the short P99 {short_p99_steps['fcfs'] / short_p99_steps['priority']:.1f}x without reserved "
+        f"seats: the workload does not show why they are needed")
+    assert long_e2e_p99_steps["length-aware"] > long_e2e_p99_steps["fcfs"], (
+        f"the long requests' P99 e2e did not grow under length-aware ({long_e2e_p99_steps['fcfs']} -> "
+        f"{long_e2e_p99_steps['length-aware']} steps): fewer long seats should cost them")
+    assert outputs_identical, "the greedy outputs differ between policies: scheduling changed which tokens"
