@@ -6,7 +6,8 @@ from minillm.bench.course_claims import (check_batching_model, check_calibration
                                          check_chunked_prefill, check_continuous_claim, check_kv_heads_capacity,
                                          check_length_aware_tail, check_moe_compute, check_paging_claim,
                                          check_prefix_reuse, check_roofline_claim, check_router_imbalance,
-                                         check_serving_tradeoff)
+                                         check_serving_tradeoff, check_tp_allreduce, check_tp_kv_split, check_tp_links,
+                                         check_tp_same_tokens)
 
 
 def test_paging_claim():
@@ -157,3 +158,39 @@ def test_length_aware_tail():
         args = dict(secs=secs, steps=steps, long_e2e=long_e2e, same=True) | bad
         with pytest.raises(AssertionError):
             check_length_aware_tail(args["secs"], args["steps"], args["long_e2e"], outputs_identical=args["same"])
+
+
+def test_tp_kv_split():
+    one = 47_185_920  # notebook 10: 64 blocks of the default model's float32 KV, 45.0 MiB on one rank
+    check_tp_kv_split(one, 15_728_640, ranks=3)  # 15.0 MiB on each of 3 ranks
+    with pytest.raises(AssertionError):  # every rank holds all the heads' KV
+        check_tp_kv_split(one, one, ranks=3)
+    with pytest.raises(AssertionError):  # or half of it
+        check_tp_kv_split(one, one // 2, ranks=3)
+
+
+def test_tp_same_tokens():
+    check_tp_same_tokens([True, True, True], 2.3e-5)  # notebook 10: 3 prompts, chosen tokens' log-probs
+    with pytest.raises(AssertionError):  # one prompt's greedy tokens differ
+        check_tp_same_tokens([True, False, True], 2.3e-5)
+    with pytest.raises(AssertionError):  # same tokens, but the shards' sums disagree
+        check_tp_same_tokens([True, True, True], 0.02)
+
+
+def test_tp_allreduce():
+    # notebook 10, SmolLM2-135M: 30 layers, hidden 576, float32 -> 61 x 576 x 4 = 140,544 bytes per token (measured)
+    check_tp_allreduce(140_544, 30, 576, 4, steps_off_formula=0)
+    for per_tok, off in ((70_272, 0),  # one all-reduce per layer, not two
+                         (140_544, 1)):  # a step that all-reduced something else
+        with pytest.raises(AssertionError):
+            check_tp_allreduce(per_tok, 30, 576, 4, steps_off_formula=off)
+
+
+def test_tp_links():
+    # notebook 10's step-cost model at TP = 8 on H100 SXM, (NVLink, PCIe): Llama-2-7B then 70B;
+    # decode batch 1, decode batch 64, a 2048-token prefill
+    links = [(2.41, 0.91), (4.58, 2.11), (3.13, 0.74), (5.10, 2.75), (4.99, 2.33), (4.81, 1.48)]
+    check_tp_links(links)
+    for bad in ([(2.41, 2.60)], [(4.81, 4.81)]):  # PCIe ahead on one workload; level with NVLink
+        with pytest.raises(AssertionError):
+            check_tp_links(links[:-1] + bad)

@@ -251,3 +251,42 @@ def check_length_aware_tail(short_p99_s: dict[str, float], short_p99_steps: dict
         f"the long requests' P99 e2e did not grow under length-aware ({long_e2e_p99_steps['fcfs']} -> "
         f"{long_e2e_p99_steps['length-aware']} steps): fewer long seats should cost them")
     assert outputs_identical, "the greedy outputs differ between policies: scheduling changed which tokens"
+
+
+def check_tp_kv_split(kv_bytes_one_rank: int, kv_bytes_per_rank: int, ranks: int) -> None:
+    """Notebook 10 (Megatron-LM, Shoeybi et al., 2019): split by KV heads, each of N ranks holds 1/N
+    of the KV cache -- the same blocks cost each rank exactly a third of one rank's pool at N = 3."""
+    assert kv_bytes_per_rank * ranks == kv_bytes_one_rank, (
+        f"each of {ranks} ranks holds {kv_bytes_per_rank:,} bytes of KV pool, one rank alone {kv_bytes_one_rank:,}: "
+        f"not 1/{ranks}")
+
+
+def check_tp_same_tokens(same: list[bool], max_logprob_diff: float, tol: float = 1e-3) -> None:
+    """Notebook 10: tensor parallelism changes where the sums are computed, not the result -- every
+    prompt's greedy tokens match one rank's, and the chosen tokens' log-probs agree within `tol`
+    (the all-reduce adds the partial sums in another order)."""
+    assert all(same), f"greedy tokens differ from one rank's on prompts {[i for i, s in enumerate(same) if not s]}"
+    assert max_logprob_diff < tol, f"chosen tokens' log-probs differ by up to {max_logprob_diff:.1e}, not < {tol:g}"
+
+
+def check_tp_allreduce(per_token_bytes: float, num_layers: int, hidden_size: int, bytes_per_element: int,
+                       steps_off_formula: int) -> None:
+    """Notebook 10 (Megatron-LM): a forward pass costs 2 all-reduces per layer of tokens x hidden
+    activations (one after attention's row-parallel output projection, one after the MLP's), plus
+    one for the vocabulary-split embedding: (2 L + 1) x hidden x b bytes per token.
+
+    per_token_bytes: what one decoded token all-reduced, from the step trace; steps_off_formula:
+    traced steps whose all-reduce bytes differ from the analytic payload."""
+    assert steps_off_formula == 0, f"{steps_off_formula} steps all-reduced other than the analytic payload"
+    want = (2 * num_layers + 1) * hidden_size * bytes_per_element
+    assert per_token_bytes == want, (
+        f"a decoded token all-reduced {per_token_bytes:,.0f} bytes, not (2 x {num_layers} + 1) x {hidden_size} x "
+        f"{bytes_per_element} = {want:,}")
+
+
+def check_tp_links(speedups: list[tuple[float, float]]) -> None:
+    """Notebook 10 (why vLLM and TensorRT-LLM keep TP inside an NVLink domain): over PCIe the
+    all-reduces eat much of the gain. speedups: (over NVLink, over PCIe) per model and workload at
+    the same TP degree, from the step-cost model; NVLink must come out ahead in every one."""
+    behind = [(round(nv, 2), round(pc, 2)) for nv, pc in speedups if not nv > pc]
+    assert not behind, f"NVLink not ahead of PCIe in (NVLink, PCIe) speed-ups {behind}"
