@@ -2,10 +2,11 @@
 numbers that contradict it (issue 16: an assert that cannot fail checks nothing)."""
 import pytest
 
-from minillm.bench.course_claims import (check_batching_model, check_calibration_domain, check_chat_reuse,
-                                         check_chunked_prefill, check_continuous_claim, check_kv_heads_capacity,
-                                         check_length_aware_tail, check_moe_compute, check_paging_claim,
-                                         check_prefix_reuse, check_roofline_claim, check_router_imbalance,
+from minillm.bench.course_claims import (check_attention_roofline, check_batching_model, check_calibration_domain,
+                                         check_chat_reuse, check_chunked_prefill, check_continuous_claim,
+                                         check_decode_intensity, check_kv_heads_capacity, check_length_aware_tail,
+                                         check_moe_compute, check_paging_claim, check_prefix_reuse,
+                                         check_roofline_claim, check_router_imbalance, check_same_tokens,
                                          check_serving_tradeoff, check_tp_allreduce, check_tp_kv_split, check_tp_links,
                                          check_tp_same_tokens)
 
@@ -194,3 +195,26 @@ def test_tp_links():
     for bad in ([(2.41, 2.60)], [(4.81, 4.81)]):  # PCIe ahead on one workload; level with NVLink
         with pytest.raises(AssertionError):
             check_tp_links(links[:-1] + bad)
+
+
+def test_decode_intensity():
+    check_decode_intensity(78_336 / 52_224, group=3, bytes_per_element=4)  # notebook 04's traced kernel: 1.50 = 2G/b
+    for traced in (1.2, 1.51):  # K/V rows loaded but not used (masked tail counted); a tile skipped
+        with pytest.raises(AssertionError):
+            check_decode_intensity(traced, group=3, bytes_per_element=4)
+
+
+def test_attention_roofline():
+    check_attention_roofline(1.5, 96.2, ridge=14.0)  # notebook 04: 2G/b, a 512-token prefill, this machine's ridge
+    for ridge in (1.0, 120.0):  # a ridge left of decode (compute-bound decode), right of the prefill
+        with pytest.raises(AssertionError):
+            check_attention_roofline(1.5, 96.2, ridge=ridge)
+
+
+def test_same_tokens():
+    torch_tokens = [7042, 30, 198, 198, 504, 2988]  # notebook 04: " Paris.\n\nThe answer", both backends
+    check_same_tokens(list(torch_tokens), torch_tokens)
+    with pytest.raises(AssertionError):  # the last token differs
+        check_same_tokens(torch_tokens[:-1] + [2989], torch_tokens)
+    with pytest.raises(AssertionError):  # one token short
+        check_same_tokens(torch_tokens[:-1], torch_tokens)

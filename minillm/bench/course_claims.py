@@ -290,3 +290,34 @@ def check_tp_links(speedups: list[tuple[float, float]]) -> None:
     the same TP degree, from the step-cost model; NVLink must come out ahead in every one."""
     behind = [(round(nv, 2), round(pc, 2)) for nv, pc in speedups if not nv > pc]
     assert not behind, f"NVLink not ahead of PCIe in (NVLink, PCIe) speed-ups {behind}"
+
+
+def check_decode_intensity(traced_intensity: float, group: int, bytes_per_element: int) -> None:
+    """Notebook 04: the decode kernel's arithmetic intensity, counted from its recorded run (FLOPs of
+    the unmasked scores over the bytes of the K/V rows its programs loaded), is the formula's 2G/b
+    -- G query heads per KV head, b bytes per cached element -- whatever the context length."""
+    want = 2 * group / bytes_per_element
+    assert abs(traced_intensity - want) < 1e-9, (
+        f"the traced decode kernel did {traced_intensity:.4f} FLOP per byte of K/V, not 2G/b = {want:.4f}: "
+        f"it loaded K/V rows it did not use, or skipped some")
+
+
+def check_attention_roofline(decode_intensity: float, prefill_intensity: float, ridge: float) -> None:
+    """Notebook 04 (the attention kernels on the roofline, counted as in notebook 01): decode
+    attention is memory-bound, a long prefill compute-bound.
+
+    decode_intensity: FLOP per byte of decode attention (2G/b, any context or batch);
+    prefill_intensity: that of a 512-token prefill with Q, K, V and O crossing memory once;
+    ridge: this machine's peak FLOP/s over its bandwidth. Decode must lie left of it, the prefill
+    right of it."""
+    assert decode_intensity < ridge, (
+        f"decode attention at {decode_intensity:.2f} FLOP/byte is not left of the ridge ({ridge:.2f})")
+    assert prefill_intensity > ridge, (
+        f"a 512-token prefill at {prefill_intensity:.2f} FLOP/byte is not right of the ridge ({ridge:.2f})")
+
+
+def check_same_tokens(tokens: list[int], reference: list[int], what: str = "the Triton backend") -> None:
+    """Notebook 04 (and any backend swap): a different attention backend computes the same greedy
+    tokens as the torch reference -- the kernels change how attention is computed, not its result."""
+    assert list(tokens) == list(reference), (
+        f"{what} gave {list(tokens)}, the torch backend {list(reference)}: greedy tokens differ")
