@@ -4,10 +4,11 @@ import pytest
 
 from minillm.bench.course_claims import (check_attention_roofline, check_batching_model, check_calibration_domain,
                                          check_chat_reuse, check_chunked_prefill, check_continuous_claim,
-                                         check_decode_intensity, check_kv_heads_capacity, check_length_aware_tail,
-                                         check_moe_compute, check_paging_claim, check_prefix_reuse,
-                                         check_roofline_claim, check_router_imbalance, check_same_tokens,
-                                         check_serving_tradeoff, check_tp_allreduce, check_tp_kv_split, check_tp_links,
+                                         check_decode_intensity, check_draft_pair, check_kv_heads_capacity,
+                                         check_length_aware_tail, check_medusa_heads, check_moe_compute,
+                                         check_paging_claim, check_prefix_reuse, check_roofline_claim,
+                                         check_router_imbalance, check_same_tokens, check_serving_tradeoff,
+                                         check_speculation_emits, check_tp_allreduce, check_tp_kv_split, check_tp_links,
                                          check_tp_same_tokens)
 
 
@@ -218,3 +219,43 @@ def test_same_tokens():
         check_same_tokens(torch_tokens[:-1] + [2989], torch_tokens)
     with pytest.raises(AssertionError):  # one token short
         check_same_tokens(torch_tokens[:-1], torch_tokens)
+
+
+def test_speculation_emits():
+    # notebook 09 on this machine: tokens per sequence per decode step at batch 1 (none, ngram, int4), then
+    # batch 16; the best speed-up at batch 1 was int4's
+    measured = [1.00, 3.60, 4.50, 1.00, 1.54, 4.62]
+    check_speculation_emits(measured, best_tokens_per_step=4.50)
+    with pytest.raises(AssertionError):  # the best proposer's guesses were rarely accepted
+        check_speculation_emits(measured, best_tokens_per_step=1.2)
+    with pytest.raises(AssertionError):  # a verify step emitted less than the target's own token
+        check_speculation_emits(measured + [0.8], best_tokens_per_step=4.50)
+
+
+def test_draft_pair():
+    # illustrative (notebook 09's pair section did not finish on this busy machine), shaped like its text:
+    # 0.5B drafting for 1.5B, acceptance on code at k = 2, 4, 6 above 0.7, a verify costing ~2 decode steps
+    # and a draft forward ~0.5, so (measured, predicted) speed-ups below 1 for code, then chat
+    code_acc = [0.86, 0.84, 0.80]
+    speedups = [(0.80, 0.83), (0.70, 0.74), (0.60, 0.63), (0.62, 0.65), (0.48, 0.50), (0.40, 0.41)]
+    check_draft_pair(code_acc, speedups)
+    with pytest.raises(AssertionError):  # the same-family draft accepted under 0.7 at one k
+        check_draft_pair(code_acc[:-1] + [0.55], speedups)
+    with pytest.raises(AssertionError):  # the cost model missed a measurement by 40%
+        check_draft_pair(code_acc, speedups + [(1.4, 1.0)])
+    with pytest.raises(AssertionError):  # predicted a loss, measured a gain (within the 25%)
+        check_draft_pair(code_acc, speedups + [(1.1, 0.9)])
+
+
+def test_medusa_heads():
+    # notebook 09 on this machine (busy with another job): head 1 accepted 0.21 on Python questions, 0.07 in
+    # general chat, an untrained head 0.02; (measured, predicted) speed-ups of the rows the noise spared
+    head1, untrained, chat = 0.21, 0.02, 0.07
+    speedups = [(1.03, 1.05), (0.99, 1.02), (0.87, 0.86)]
+    check_medusa_heads(head1, untrained, chat, speedups)
+    with pytest.raises(AssertionError):  # training barely lifted head 1 above an untrained head
+        check_medusa_heads(0.07, untrained, 0.05, speedups)
+    with pytest.raises(AssertionError):  # general chat accepted as often as the heads' own domain
+        check_medusa_heads(head1, untrained, head1, speedups)
+    with pytest.raises(AssertionError):  # what this machine measured at k = 1 while the plain steps were slowed
+        check_medusa_heads(head1, untrained, chat, speedups + [(4.26, 1.26)])

@@ -321,3 +321,56 @@ def check_same_tokens(tokens: list[int], reference: list[int], what: str = "the 
     tokens as the torch reference -- the kernels change how attention is computed, not its result."""
     assert list(tokens) == list(reference), (
         f"{what} gave {list(tokens)}, the torch backend {list(reference)}: greedy tokens differ")
+
+
+def check_speculation_emits(tokens_per_step: list[float], best_tokens_per_step: float, min_best: float = 1.5) -> None:
+    """Notebook 09 (Leviathan et al., ICML 2023; Chen et al., 2023): speculative decoding's speed-up
+    follows acceptance -- each verify step emits the target's own token plus the accepted guesses.
+
+    tokens_per_step: tokens emitted per sequence per decode step, one per (batch, proposer) row,
+    plain decoding included; best_tokens_per_step: that of the proposer with the best speed-up at
+    batch 1. No row may emit less than one token per step (a verify always keeps the target's
+    token), and the best proposer must emit more than `min_best` (its guesses are accepted)."""
+    low = [round(t, 2) for t in tokens_per_step if t < 1.0]
+    assert not low, f"decode steps emitted {low} tokens per sequence: fewer than the one a verify always keeps"
+    assert best_tokens_per_step > min_best, (
+        f"the best proposer at batch 1 emitted {best_tokens_per_step:.2f} tokens per step, not > {min_best}: "
+        f"its guesses were rarely accepted")
+
+
+def check_draft_pair(code_acceptance: list[float], speedups: list[tuple[float, float]], min_acceptance: float = 0.7,
+                     tolerance: float = 0.25, break_even_margin: float = 0.05) -> None:
+    """Notebook 09's real draft (Qwen2.5-Coder-0.5B for 1.5B; the source articles: a same-family draft
+    accepts 0.7-0.8): on code completion the draft's acceptance exceeds `min_acceptance` at every k,
+    and the cost model S = E / (k c + v), fed the measured acceptance profile and step costs,
+    explains the speed-up measured end to end.
+
+    speedups: (measured, predicted) per workload and k. Each measured speed-up must lie within
+    `tolerance` of its prediction (medians against means), and where the model predicts a loss
+    (below 1 - margin) the measurement must not show a gain (above 1 + margin)."""
+    assert min(code_acceptance) > min_acceptance, (
+        f"the same-family draft accepted {min(code_acceptance):.2f} on code, not > {min_acceptance} "
+        f"(all k: {[round(a, 2) for a in code_acceptance]})")
+    for measured, predicted in speedups:
+        assert abs(measured / predicted - 1) < tolerance, (
+            f"measured x{measured:.2f} vs the cost model's x{predicted:.2f}: off by more than {tolerance:.0%}")
+        if predicted < 1 - break_even_margin:  # which side of break-even: what the model says
+            assert measured < 1 + break_even_margin, (
+                f"the cost model predicts a loss (x{predicted:.2f}) but the measurement shows x{measured:.2f}")
+
+
+def check_medusa_heads(in_domain_head1: float, untrained_head1: float, chat_head1: float,
+                       speedups: list[tuple[float, float]], min_lift: float = 0.1, tolerance: float = 0.3) -> None:
+    """Notebook 09's Medusa heads (Cai et al., ICML 2024), trained on one domain for minutes: head 1
+    (the t+2 guess) is accepted more than `min_lift` more often in its domain than an untrained
+    head's held-out top-1, and less often in general chat than in its domain; the cost model
+    (1 + sum of the chain acceptances) x decode step / verify step predicts each measured speed-up
+    within `tolerance`. speedups: (measured, predicted) per domain and k."""
+    assert in_domain_head1 > untrained_head1 + min_lift, (
+        f"head 1 accepted {in_domain_head1:.2f} in its domain, not > an untrained head's {untrained_head1:.2f} "
+        f"+ {min_lift}: the training did not take")
+    assert chat_head1 < in_domain_head1, (
+        f"head 1 accepted {chat_head1:.2f} in general chat, no less than {in_domain_head1:.2f} in its own domain")
+    for measured, predicted in speedups:
+        assert abs(measured / predicted - 1) < tolerance, (
+            f"Medusa measured x{measured:.2f} vs the cost model's x{predicted:.2f}: off by more than {tolerance:.0%}")
