@@ -144,12 +144,45 @@ def test_router_imbalance():
         check_router_imbalance([0.40], 0.43, factor=1)
 
 
+# notebook 12's mixed workload and engine settings (cell "Measured: a mixed workload under three policies"): the
+# step counts depend only on the scheduler, the arrivals and the lengths, not on the weights, so a tiny model with
+# the default model's vocabulary (the seeded prompts, and the lengths drawn after them, depend on it) replays them
+NB12_STEPS = {"fcfs": (21.93, 23.97), "priority": (12.93, 41.46), "length-aware": (3.0, 44.0)}  # short TTFT p99, long e2e p99
+
+
+def nb12_step_counts() -> dict[str, tuple[float, float]]:
+    from minillm.bench.mixed_replay import class_percentiles, replay, step_arrivals
+    from minillm.bench.serve_mixed import MixedWorkload
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm_engine import LLMEngine
+    from tests.helpers.engine_utils import tiny_model
+
+    vocab = 49152
+    workload = MixedWorkload(num_short=8, num_long=4, short_prompt_len_range=(8, 20), short_output_len_range=(2, 4),
+                             long_prompt_len_range=(12, 24), long_output_len_range=(20, 24), short_rate=0.35,
+                             long_rate=4.0)
+    arrivals, model, out = step_arrivals(workload, vocab), tiny_model(vocab=vocab, layers=1), {}
+    for policy in NB12_STEPS:
+        engine = LLMEngine(model, None, [], EngineConfig(
+            block_size=16, num_kv_blocks=64, max_num_seqs=4, enable_prefix_caching=False, scheduling_policy=policy,
+            short_lane_max_tokens=workload.short_max_tokens, short_lane_share=0.5, long_lane_max_wait_steps=6))
+        pct = class_percentiles(replay(engine, arrivals))
+        out[policy] = (round(pct["short"]["ttft_steps"]["p99"], 2), round(pct["long"]["e2e_steps"]["p99"], 2))
+    return out
+
+
+def test_nb12_step_counts_are_the_engines():
+    """The step counts test_length_aware_tail feeds are what the engine's scheduler does with notebook 12's
+    workload (exact: the step clock), not invented."""
+    assert nb12_step_counts() == NB12_STEPS
+
+
 def test_length_aware_tail():
-    # notebook 12 on this machine: short-request P99 TTFT in seconds and in steps per policy; the long
-    # requests' P99 e2e in steps is not printed (their e2e in seconds grew 1.8x): these two are illustrative
+    # notebook 12 on this machine: short-request P99 TTFT in seconds (median of 3 repeats) per policy; the step
+    # counts (short P99 TTFT, long P99 e2e) are the engine's own, replayed by nb12_step_counts()
     secs = {"fcfs": 3.56, "priority": 2.15, "length-aware": 0.53}
-    steps = {"fcfs": 21.9, "priority": 12.9, "length-aware": 3.0}
-    long_e2e = {"fcfs": 40.0, "priority": 40.0, "length-aware": 70.0}
+    steps = {p: short for p, (short, _) in NB12_STEPS.items()}
+    long_e2e = {p: long for p, (_, long) in NB12_STEPS.items()}
     check_length_aware_tail(secs, steps, long_e2e, outputs_identical=True)
     for bad in [dict(secs=secs | {"length-aware": secs["fcfs"] / 2}),  # only 2x in seconds
                 dict(steps=steps | {"length-aware": steps["fcfs"] / 2}),  # only 2x in steps
