@@ -80,6 +80,19 @@ def test_bf16_float_row_and_code_calibration_reach_the_settings(tmp_path, monkey
     assert rows["gptq+calib-code"]["perplexity"] != rows["gptq"]["perplexity"]
 
 
+def test_a_dtype_part_runs_the_float_model_in_that_dtype_in_the_same_table(tmp_path, monkeypatch, one_thread):
+    """'bf16' beside 'float' (float32): the best float dtype measured in the same run as the int8 GEMMs."""
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    folder, _ = make_tiny_hf_model(tmp_path / "m", "llama")
+    _, rows = _table(tmp_path, folder, ["float", "bf16", "fp32", "w8a8+bf16"])
+    assert rows["bf16"]["model_bytes"] * 2 == rows["float"]["model_bytes"]  # every weight two bytes, not four
+    assert rows["bf16"]["kv_bytes_per_token"] * 2 == rows["float"]["kv_bytes_per_token"]  # its KV cache too
+    assert rows["fp32"]["model_bytes"] == rows["float"]["model_bytes"]  # already float32: no copy, same model
+    assert rows["fp32"]["perplexity"] == rows["float"]["perplexity"]
+    assert rows["bf16"]["perplexity"] != rows["float"]["perplexity"]  # rounding to bf16 changes the scores
+    assert rows["w8a8+bf16"]["model_bytes"] < rows["bf16"]["model_bytes"]
+
+
 def test_sequential_when_one_copy_per_setting_does_not_fit(tmp_path):
     from minillm.bench.quant import needs_sequential
     from minillm.loader import load_model
@@ -88,7 +101,7 @@ def test_sequential_when_one_copy_per_setting_does_not_fit(tmp_path):
     folder, _ = make_tiny_hf_model(tmp_path / "m", "llama")
     loaded = load_model(str(folder))
     size = model_bytes(loaded.model)
-    three = ["float", "int8", "int4", "kv-int8", "gptq"]  # float and kv-int8 share the loaded model: 3 copies
+    three = ["float", "int8", "int4", "kv-int8", "gptq", "fp32"]  # float, fp32, kv-int8 share the loaded model
     assert not needs_sequential(loaded, three, available_bytes=6 * size + 2)
     assert needs_sequential(loaded, three, available_bytes=6 * size - 2)
 

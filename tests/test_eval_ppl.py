@@ -46,6 +46,11 @@ def test_settings_parse_and_bad_names_fail():
         parse_setting("int5")
     with pytest.raises(ValueError, match="two weight methods"):
         parse_setting("int8+int4")
+    # a float dtype part: the copy runs in that dtype (a same-run float32 vs bfloat16 comparison)
+    assert parse_setting("bf16").dtype == "bf16" and parse_setting("bf16").quantization is None
+    assert parse_setting("w8a8+fp32").torch_dtype == torch.float32 and parse_setting("int4").dtype is None
+    with pytest.raises(ValueError, match="two float dtypes"):
+        parse_setting("bf16+fp32")
 
 
 @pytest.mark.slow

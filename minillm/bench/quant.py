@@ -37,7 +37,6 @@ shown: a figure typed into the code is not a measurement of this machine.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import gc
 import statistics
@@ -126,16 +125,10 @@ def build_subject(loaded, setting: str, group_size: int | None = None, max_num_s
     from minillm.bench.minillm_subject import MinillmSubject
     from minillm.engine.config import EngineConfig
     from minillm.engine.llm_engine import LLMEngine
-    from minillm.eval.ppl import parse_setting
-    from minillm.quant.apply import GROUPED, quantize_loaded
+    from minillm.eval.ppl import parse_setting, setting_model
 
     s = parse_setting(setting)
-    model = loaded.model
-    if s.quantization is not None or s.lm_head:
-        model = copy.deepcopy(loaded.model)
-        gs = group_size if s.quantization in GROUPED else None
-        quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head,
-                        calibration=s.calibration)
+    model = setting_model(loaded, s, group_size)
     engine = LLMEngine(model, loaded.tokenizer, loaded.eos_token_ids,
                        EngineConfig(num_kv_blocks=num_kv_blocks, enable_prefix_caching=False, kv_cache_dtype=s.kv_cache_dtype,
                                     max_num_seqs=max_num_seqs, max_num_batched_tokens=1024))
@@ -276,7 +269,7 @@ def needs_sequential(loaded, settings: Sequence[str], available_bytes: int | Non
     if available_bytes is None:
         available_bytes = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     parsed = [parse_setting(x) for x in settings]
-    copies = sum(1 for s in parsed if s.quantization is not None or s.lm_head)  # build_subject copies these
+    copies = sum(1 for s in parsed if s.needs_copy(loaded.model))  # build_subject copies these
     return model_bytes(loaded.model) * copies > available_bytes // 2
 
 

@@ -2,8 +2,9 @@
 
 A setting names a weight method and/or a KV cache dtype, joined by "+":
 "float", "int8", "int4", "int4-awq", "gptq", "w8a8", "fp8", "gguf", "kv-int8", "kv-fp8", and
-"head8" (an int8 LM head), and "calib-code" / "calib-prose" (which text AWQ, GPTQ and SmoothQuant
-calibrate on), e.g. "int4+head8+kv-int8" or "gptq+calib-code". Every setting scores the same fixed
+"head8" (an int8 LM head), "calib-code" / "calib-prose" (which text AWQ, GPTQ and SmoothQuant
+calibrate on), and "bf16" / "fp32" (the float dtype the copy runs in, when it differs from the
+loaded model's), e.g. "int4+head8+kv-int8", "gptq+calib-code" or "bf16". Every setting scores the same fixed
 slice of one text (EvalConfig.text: "prose", pydoc_data.topics, or "code", the standard library's
 modules; always the "eval" split, the calibrating methods read the disjoint "calib" split) through
 the paged path (minillm.eval.paged), on its own copy of the float model loaded once.
@@ -24,6 +25,7 @@ DEFAULT_SETTINGS = ("float", "int8", "int4", "int4-awq", "kv-int8", "kv-fp8", "i
 KV_PREFIX = "kv-"
 CALIB_PREFIX = "calib-"
 HEAD = "head8"
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # setting part -> the copy's float dtype
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,16 @@ class Setting:
     kv_cache_dtype: str = "auto"  # LLM(kv_cache_dtype=...)
     lm_head: bool = False  # LLM(quantize_lm_head=True)
     calibration: str = "prose"  # LLM(quantization_calibration=...)
+    dtype: str | None = None  # "bf16" / "fp32": LLM(dtype=...); None keeps the loaded model's
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        return DTYPES[self.dtype] if self.dtype else None
+
+    def needs_copy(self, model) -> bool:
+        """Whether this setting changes the loaded model (so it needs a private copy)."""
+        recast = self.dtype is not None and DTYPES[self.dtype] != model.embed_tokens.weight.dtype
+        return self.quantization is not None or self.lm_head or recast
 
 
 def parse_setting(name: str) -> Setting:
@@ -40,9 +52,14 @@ def parse_setting(name: str) -> Setting:
     from minillm.eval.text import DOMAINS
     from minillm.quant.apply import CALIBRATION, LLM_METHODS
 
-    quant, kv, head, calib = None, "auto", False, None
+    quant, kv, head, calib, dtype = None, "auto", False, None, None
     for part in name.split("+"):
         if part == "float":
+            continue
+        if part in DTYPES:
+            if dtype is not None:
+                raise ValueError(f"setting {name!r} names two float dtypes")
+            dtype = part
             continue
         if part == HEAD:
             head = True
@@ -59,10 +76,10 @@ def parse_setting(name: str) -> Setting:
             quant = part
         else:
             raise ValueError(f"unknown part {part!r} in setting {name!r}; use float, {', '.join(LLM_METHODS)} "
-                             f"{HEAD}, kv-<dtype> or calib-<text>, joined by '+'")
+                             f"{HEAD}, {', '.join(DTYPES)}, kv-<dtype> or calib-<text>, joined by '+'")
     if calib is not None and quant not in CALIBRATION:
         raise ValueError(f"setting {name!r}: only {', '.join(CALIBRATION)} calibrate, not {quant or 'float'}")
-    return Setting(name, quant, kv, head, calib or "prose")
+    return Setting(name, quant, kv, head, calib or "prose", dtype)
 
 
 @dataclass
@@ -115,7 +132,7 @@ def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], di
         t0 = time.perf_counter()
         row = EvalRow(s.name)
         try:
-            if s.quantization is None and s.kv_cache_dtype == "auto" and not s.lm_head:
+            if not s.needs_copy(loaded.model) and s.kv_cache_dtype == "auto":
                 scores, model = base
             else:
                 scores, model = run_setting(s, loaded, wins, cfg, quantize_loaded)
@@ -123,7 +140,7 @@ def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], di
             row.ppl_change_pct = 100.0 * (scores.perplexity / base[0].perplexity - 1.0)
             row.top1_agreement = (scores.top1 == base[0].top1).double().mean().item()
             row.weight_bytes_per_token = weight_bytes_per_token(model)
-            kv_dtype = resolve_kv_cache_dtype(s.kv_cache_dtype) or loaded.model.embed_tokens.weight.dtype
+            kv_dtype = resolve_kv_cache_dtype(s.kv_cache_dtype) or model.embed_tokens.weight.dtype
             row.kv_bytes_per_token = kv_bytes_per_token(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, kv_dtype)
         except Exception as e:  # one broken setting must not hide the others
             row.error = f"{type(e).__name__}: {e}"
@@ -135,15 +152,25 @@ def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], di
 
 def run_setting(s: Setting, loaded, wins: torch.Tensor, cfg: EvalConfig, quantize_loaded=None):
     """(scores, model) for one setting on a private copy of the float model."""
-    from minillm.quant.apply import GROUPED
-
-    model = loaded.model
-    if s.quantization is not None or s.lm_head:
-        model = copy.deepcopy(loaded.model)
-        gs = cfg.group_size if s.quantization in GROUPED else None
-        quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head,
-                        calibration=s.calibration)
+    model = setting_model(loaded, s, cfg.group_size, quantize_loaded)
     return score_windows(model, wins, chunk_size=cfg.chunk_size, kv_cache_dtype=s.kv_cache_dtype), model
+
+
+def setting_model(loaded, s: Setting, group_size: int | None, quantize_loaded=None):
+    """The loaded model itself when the setting leaves it unchanged, else a private copy in the setting's
+    dtype, quantized by its method."""
+    from minillm.quant.apply import GROUPED, quantize_loaded as default_quantize
+
+    if not s.needs_copy(loaded.model):
+        return loaded.model
+    model = copy.deepcopy(loaded.model)
+    if s.torch_dtype is not None:
+        model.to(s.torch_dtype)
+    if s.quantization is not None or s.lm_head:
+        gs = group_size if s.quantization in GROUPED else None
+        (quantize_loaded or default_quantize)(dataclasses.replace(loaded, model=model), s.quantization, gs,
+                                              lm_head=s.lm_head, calibration=s.calibration)
+    return model
 
 
 HEADER = f"{'setting':20s} {'ppl':>8s} {'d ppl %':>8s} {'top-1 agr':>9s} {'W B/tok':>9s} {'KV B/tok':>8s} {'s':>6s}"

@@ -110,7 +110,8 @@ def _run_scheme(row: TaskRow, s, cfg: TaskConfig, items: list) -> None:
     from minillm.quant.apply import GROUPED
 
     t0 = time.perf_counter()
-    llm = LLM(cfg.resolved_model(), quantization=s.quantization, kv_cache_dtype=s.kv_cache_dtype,
+    dtype = {"dtype": {"bf16": "bfloat16", "fp32": "float32"}[s.dtype]} if s.dtype else {}
+    llm = LLM(cfg.resolved_model(), **dtype, quantization=s.quantization, kv_cache_dtype=s.kv_cache_dtype,
               quantize_lm_head=s.lm_head, quantization_calibration=s.calibration,
               quantization_group_size=cfg.group_size if s.quantization in GROUPED else None)
     row.load_s = round(time.perf_counter() - t0, 2)
