@@ -1,0 +1,100 @@
+"""Notebook 08's claims about quantization as checks that fail when a measurement contradicts them.
+
+The source articles' four pitfalls and SmoothQuant's speed claim, each a function
+of numbers the notebook measures on the reader's machine (minillm.bench.quant's
+table, the GGUF file, real engines' preemption counts). tests/test_quant_claims.py
+feeds each check a contradicting measurement and expects it to fail.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx_vnni_int8")  # int8 dot products in hardware
+AMX_FLAGS = ("amx_bf16", "amx_int8")  # matrix units: bf16 tiles as well as int8 ones
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo); empty where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def check_file_is_not_memory(file_bytes: int, held_bytes: int, predicted_held_bytes: int, allocated_bytes: int,
+                             tolerance: float = 0.03, min_ratio: float = 1.5) -> float:
+    """Pitfall 1: a model needs more memory than its file. The bytes the engine holds for the model must match
+    the prediction from the file's tensors (what is kept as stored, what is widened) within `tolerance`, and
+    weights + KV pool must exceed the file by `min_ratio`. Returns allocated / file."""
+    if abs(held_bytes - predicted_held_bytes) > tolerance * held_bytes:
+        raise AssertionError(f"held {held_bytes / 1e6:.1f} MB, predicted {predicted_held_bytes / 1e6:.1f} MB: "
+                             f"the memory is not explained by the file's tensors")
+    ratio = allocated_bytes / file_bytes
+    if ratio < min_ratio:
+        raise AssertionError(f"allocated {allocated_bytes / 1e6:.1f} MB is only {ratio:.2f}x the "
+                             f"{file_bytes / 1e6:.1f} MB file (claim: at least {min_ratio}x)")
+    return ratio
+
+
+def check_float_kv_outgrows_weights(weight_bytes: int, kv_bytes_per_token: Mapping[str, int], tokens: int,
+                                    preemptions: Mapping[str, int]) -> int:
+    """Pitfall 2: with int4 weights, a float KV cache for `tokens` tokens in flight outweighs the weights, and
+    an engine whose KV budget the int8 cache fits preempts with a float cache and not with int8. Returns the
+    token count at which the float cache's bytes pass the weights'."""
+    crossing = weight_bytes // kv_bytes_per_token["float"]
+    if tokens * kv_bytes_per_token["float"] <= weight_bytes:
+        raise AssertionError(f"{tokens} tokens of float KV ({tokens * kv_bytes_per_token['float'] / 1e6:.1f} MB) "
+                             f"do not outweigh {weight_bytes / 1e6:.1f} MB of weights")
+    if not preemptions["float"] > 0:
+        raise AssertionError("the float KV cache never ran out: no preemption (claim: it runs out first)")
+    if preemptions["int8"] != 0:
+        raise AssertionError(f"the int8 KV cache preempted {preemptions['int8']} times in the same budget")
+    return crossing
+
+
+def check_perplexity_hides_flips(rows: Sequence, max_ppl_change_pct: float = 1.0) -> list[str]:
+    """Pitfall 4: some quantized setting moves perplexity by less than `max_ppl_change_pct` % yet changes
+    the verdict of at least one task item. rows: QuantSubjectRow-likes with setting, ppl_change_pct,
+    task_flips. Returns those settings."""
+    hidden = [r.setting for r in rows if r.setting != "float" and r.ppl_change_pct is not None
+              and abs(r.ppl_change_pct) < max_ppl_change_pct and (r.task_flips or 0) >= 1]
+    if not hidden:
+        raise AssertionError(f"no setting within {max_ppl_change_pct}% perplexity flipped a task: perplexity "
+                             f"hid nothing here")
+    return hidden
+
+
+def best_of(throughput: Mapping[str, float | None], names: Sequence[str]) -> tuple[str, float]:
+    """(name, value) of the highest measured throughput among `names`."""
+    got = [(n, throughput[n]) for n in names if throughput.get(n)]
+    if not got:
+        raise AssertionError(f"none of {list(names)} was measured")
+    return max(got, key=lambda kv: kv[1])
+
+
+def check_w8a8_gain(throughput: Mapping[str, float | None], flags: set[str], min_gain: float = 1.3,
+                    floats: Sequence[str] = ("float", "bf16"), w8a8: Sequence[str] = ("w8a8", "w8a8+bf16"),
+                    amx_band: tuple[float, float] = (0.75, 1.3)) -> float:
+    """SmoothQuant's speed claim on a CPU: W8A8 (its best setting) over the best float dtype (its best).
+
+    Where the CPU has int8 dot products but no matrix units (AVX-512 VNNI / AVX-VNNI without AMX), an int8
+    multiply-add does twice the work of a bf16 one per instruction: claim gain >= min_gain. With AMX the
+    bf16 tiles are as fast in practice and the per-token quantization of x is extra work: claim parity,
+    gain inside `amx_band`. Without int8 dot products no claim is made (the gain is returned, not checked)."""
+    best_float = best_of(throughput, floats)
+    best_w8 = best_of(throughput, w8a8)
+    gain = best_w8[1] / best_float[1]
+    if flags & set(AMX_FLAGS):
+        lo, hi = amx_band
+        if not lo <= gain <= hi:
+            raise AssertionError(f"with AMX, {best_w8[0]} / {best_float[0]} = {gain:.2f}x, outside the parity "
+                                 f"band {lo}-{hi}x")
+    elif flags & set(INT8_DOT_FLAGS):
+        if gain < min_gain:
+            raise AssertionError(f"{best_w8[0]} / {best_float[0]} = {gain:.2f}x on a CPU with int8 dot products "
+                                 f"(claim: at least {min_gain}x)")
+    return gain
