@@ -155,33 +155,3 @@ def test_w8a8_and_fp8_are_llm_options_without_a_group_size():
     for method in ("w8a8", "fp8"):
         with pytest.raises(ValueError, match="applies to int4, int4-awq, gptq only"):
             check_llm_options(method, 32)
-
-
-def test_bf16_activations_take_onednn_int8_linear_and_match_the_int_mm_path(monkeypatch):
-    """The fused CPU path (weight scale inside oneDNN's int8 GEMM, bf16 out) computes the same product as
-    _int_mm + the float rescale, up to bf16 rounding; copies re-pack; a refusal falls back."""
-    import copy
-
-    import minillm.quant.w8a8 as w8a8
-
-    torch.manual_seed(0)
-    w, bias = torch.randn(96, 64), torch.randn(96)
-    x = torch.randn(5, 64).bfloat16()
-    lin = W8A8Linear.from_float(w, bias)
-    xq, xs = quantize_per_token(x.float())
-    exact = int8_matmul(xq, lin.qweight).double() * (xs.double()[:, None] * lin.scales.double()) + bias.double()
-    got = lin(x)
-    assert got.dtype == torch.bfloat16
-    if w8a8.onednn_int8_linear_available():
-        assert lin._onednn is not False  # this build runs the fused path
-    # two bf16 roundings of the output (and of the bias add): well within 2 bf16 steps of the exact product
-    assert torch.allclose(got.double(), exact, rtol=2 ** -6, atol=2 ** -6 * exact.abs().max().item())
-    again = copy.deepcopy(lin)  # the packed weight is not copied; the copy packs its own
-    assert "_onednn" not in again.__dict__ and torch.equal(again(x), got)
-    monkeypatch.setattr(w8a8, "onednn_int8_linear_available", lambda: False)
-    fallback = W8A8Linear.from_float(w, bias)
-    y = fallback(x)
-    assert fallback._onednn is False and y.dtype == torch.bfloat16
-    assert torch.allclose(y.double(), exact, rtol=2 ** -7, atol=2 ** -7 * exact.abs().max().item())
-    # float32 activations keep the exact _int_mm path: no bf16 rounding
-    assert torch.allclose(lin(x.float()).double(), exact, rtol=1e-5, atol=1e-4)

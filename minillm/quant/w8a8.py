@@ -25,15 +25,6 @@ The GEMM is torch._int_mm(xq [M, K], wq.t() [K, N]) -> int32 [M, N]:
   M = 1 the extra passes over x and y eat the gain (20-59 against 26-38 GFLOP/s
   float32). The weight is kept [N, K] row-major and passed transposed, the layout
   the kernel runs fastest at M = 1 (~170 vs ~50 GOP/s for a [K, N] row-major copy).
-- CPU, bfloat16 activations: oneDNN's int8 linear (torch.ops.onednn.qlinear_pointwise,
-  the op PyTorch's own x86 int8 inference lowers to) on a weight packed once,
-  with the per-channel weight scale applied inside the GEMM and a bfloat16
-  output, so the int32 result never reaches memory; only the per-token scale
-  is left, one in-place pass. Measured on a 2-core Xeon with AMX, 1 thread,
-  M = 256: 225-415 us against 324-1395 us for _int_mm + the float rescale.
-  The output is rounded to bfloat16 twice (after the weight scale, after the
-  token scale): the model computes in bfloat16 anyway. Where oneDNN refuses
-  (an old CPU, a build without it), the _int_mm path runs instead.
 - CUDA (cuBLASLt): needs M > 16 and K, N multiples of 8, so rows are padded to
   the next multiple of 8 above 16; a layer with K or N not a multiple of 8 raises
   at construction on CUDA rather than silently taking a slow path.
@@ -74,10 +65,6 @@ def int8_matmul(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(xq, wq.t())
 
 
-def onednn_int8_linear_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
-
-
 class W8A8Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  device: torch.device | str = "cpu") -> None:
@@ -115,45 +102,10 @@ class W8A8Linear(nn.Module):
         if self.input_scale is not None:
             x2 = x2 * self.input_scale
         xq, xs = quantize_per_token(x2)
-        y = None
-        if x.dtype == torch.bfloat16 and not x.is_cuda and self._onednn is not False:
-            y = self._onednn_linear(xq, xs)
-        if y is None:
-            y = int8_matmul(xq, self.qweight).float().mul_(xs[:, None]).mul_(self.scales)
-            if self.bias is not None:
-                y = y + self.bias
+        y = int8_matmul(xq, self.qweight).float().mul_(xs[:, None]).mul_(self.scales)  # in place: no [M, N] temporaries
+        if self.bias is not None:
+            y = y + self.bias
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
-
-    _onednn = None  # None: not tried yet; False: oneDNN refused; else (packed weight, zero points)
-
-    def _onednn_linear(self, xq: torch.Tensor, xs: torch.Tensor) -> torch.Tensor | None:
-        """bf16 (xq @ qweight^T * scales + bias) * xs from oneDNN's int8 linear; None where it cannot run."""
-        if self._onednn is None:
-            try:
-                if not onednn_int8_linear_available():
-                    raise RuntimeError("no oneDNN int8 linear in this torch build")
-                packed = torch.ops.onednn.qlinear_prepack(self.qweight, None)
-                self._onednn = (packed, torch.zeros(self.out_features, dtype=torch.int64))
-                self._onednn_linear(xq[:1], xs[:1])  # the first call is where an unsupported ISA fails
-            except Exception:  # noqa: BLE001 -- any refusal means: use the _int_mm path
-                self._onednn = False
-                return None
-        packed, zeros = self._onednn
-        y = torch.ops.onednn.qlinear_pointwise(xq, 1.0, 0, packed, self.scales, zeros, None, 1.0, 0,
-                                               torch.bfloat16, "none", [], "")
-        y.mul_(xs.to(torch.bfloat16)[:, None])  # the per-token scale (oneDNN takes one scale for all of x)
-        if self.bias is not None:  # after the token scale, so not fused as oneDNN's bias
-            y.add_(self.bias.to(torch.bfloat16))
-        return y
-
-    def __getstate__(self):  # the packed weight is an opaque oneDNN tensor: copies re-pack it on first use
-        state = super().__getstate__()
-        state.pop("_onednn", None)
-        return state
-
-    def _apply(self, fn, recurse=True):  # .to() / .cuda() move the weight: drop the packed copy
-        self.__dict__.pop("_onednn", None)
-        return super()._apply(fn, recurse)
 
     def weight_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
