@@ -9,7 +9,7 @@ from minillm.bench.course_claims import (check_attention_roofline, check_batchin
                                          check_paging_claim, check_prefix_reuse, check_roofline_claim,
                                          check_router_imbalance, check_same_tokens, check_serving_tradeoff,
                                          check_speculation_emits, check_tp_allreduce, check_tp_kv_split, check_tp_links,
-                                         check_tp_same_tokens)
+                                         check_tp_same_tokens, check_under_roofs)
 
 
 def test_paging_claim():
@@ -115,6 +115,19 @@ def test_chunked_prefill():
                 dict(steps_over_budget=1)]:  # the scheduler overran a step's token budget
         with pytest.raises(AssertionError):
             check_chunked_prefill(**(measured | bad))
+
+
+def test_under_roofs():
+    # notebook 01 on this machine (load ~4: a benchmark held both cores), the highest fraction of its roof per kind
+    # of step, against roofs measured the same way (not cached: busy)
+    measured = {"decode x1": 0.13, "decode x16": 0.13, "decode x32": 0.07, "prefill 16": 0.09, "prefill 512": 0.06}
+    check_under_roofs(measured)
+    with pytest.raises(AssertionError):  # issue 16: a 512-token prefill at 146% of a roof measured while the machine was busy
+        check_under_roofs(measured | {"prefill 512": 1.46})
+    with pytest.raises(AssertionError):  # a decode step above the bandwidth roof (a copy figure judging reads)
+        check_under_roofs(measured | {"decode x1": 1.02})
+    with pytest.raises(AssertionError):  # nothing plotted, nothing checked
+        check_under_roofs({})
 
 
 def test_moe_compute():

@@ -58,6 +58,7 @@ def test_roofs_measured_while_busy_are_used_but_not_cached(cache, monkeypatch):
 
     def stalled(*args, **kw):  # what a probe shows when another tenant holds a core
         r = real(*args, **kw)
+        r.machine_state["before"]["stall_ratio"] = 1.0  # quiet before (whatever this machine is doing now)
         r.machine_state["after"]["stall_ratio"] = 7.5
         return r
 
@@ -70,6 +71,20 @@ def test_roofs_measured_while_busy_are_used_but_not_cached(cache, monkeypatch):
     quiet = get_roofs("cpu", **SMALL)
     if measured_while_busy(quiet) is None:  # this machine was quiet: that measurement is kept
         assert cache_path(machine_info("cpu")).exists()
+
+
+def test_extra_gemm_shapes_join_the_cached_roof(cache, monkeypatch):
+    """A model's own prefill products (get_roofs(extra_shapes=...)) are measured once, added to the
+    cached compute roof, and read back afterwards."""
+    roofs = get_roofs("cpu", dtypes=("float32",), **SMALL)
+    extra = [(64, 48, 32, "nt")]
+    more = get_roofs("cpu", dtypes=("float32",), extra_shapes=extra, **SMALL)
+    assert "64x48x32-nt" in more.matmul["float32"].params["shapes"] and "128x128x128" in more.matmul["float32"].params["shapes"]
+    assert more.flops_per_s("float32") == max(more.matmul["float32"].params["shapes"].values())
+    assert more.flops_per_s("float32") >= roofs.flops_per_s("float32")
+    monkeypatch.setattr(roofs_module, "measure_gemm", lambda *a, **k: pytest.fail("measured again"))
+    again = get_roofs("cpu", dtypes=("float32",), extra_shapes=extra, **SMALL)
+    assert again.matmul["float32"].params["shapes"] == more.matmul["float32"].params["shapes"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events need a GPU")

@@ -145,3 +145,46 @@ def test_measured_roofs_hold_a_real_gemm_and_a_real_read():
     assert r.threads == torch.get_num_threads()
     again = R.Roofs.from_dict(json.loads(json.dumps(r.to_dict())))
     assert again.bandwidth_bytes_per_s == r.bandwidth_bytes_per_s and again.flops_per_s("float32") == r.flops_per_s("float32")
+
+
+def test_the_compute_roof_covers_the_models_prefill_products(monkeypatch):
+    """Issue 16: a 512-token prefill step sat at 146% of a compute roof that lacked the products the
+    step runs. The default model's (SkinnyLinear's W @ x.T: a transposed right operand) are among the
+    shapes measured; another model's are added by get_roofs(extra_shapes=...), and the roof is the best."""
+    import torch
+
+    from minillm.loader import load_config
+    from minillm.models.skinny_linear import MAX_ROWS
+    from minillm.roofline import roofs as R
+
+    try:
+        cfg = load_config()  # the default model's header only
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    prefill = R.model_gemm_shapes(cfg, 512)
+    assert (cfg.num_attention_heads * cfg.head_dim + 2 * cfg.num_key_value_heads * cfg.head_dim, cfg.hidden_size,
+            512, "nt") in prefill and (cfg.hidden_size, cfg.intermediate_size, 512, "nt") in prefill
+    assert set(prefill) <= set(R.MATMUL_SHAPES["cpu"]), "the default model's prefill products must be measured"
+    long = R.model_gemm_shapes(cfg, MAX_ROWS + 1)  # beyond SkinnyLinear's rows: x @ W.T
+    assert long[0] == (MAX_ROWS + 1, cfg.hidden_size, prefill[0][0], "nt")
+
+    # the "nt" layout multiplies by a transposed view, as the engine does; FLOP/s counted as 2mkn
+    assert all(f > 0 for f in R.measure_gemm(torch.device("cpu"), torch.float32, (32, 48, 16, "nt"), 2))
+    assert R.shape_key((960, 576, 512, "nt")) == "960x576x512-nt" and R.shape_key((512, 512, 512)) == "512x512x512"
+
+    speeds = {(512, 512, 512): [70e9, 60e9], (960, 576, 512, "nt"): [90e9, 120e9], (576, 576, 512, "nt"): [80e9]}
+    calls = []
+
+    def fake(device, dtype, shape, repeats):
+        calls.append(shape)
+        return speeds[shape]
+
+    monkeypatch.setattr(R, "measure_gemm", fake)
+    mm = R.measure_matmul(torch.device("cpu"), torch.float32, shapes=[(512, 512, 512)])
+    assert mm.best == 70e9
+    more, added = R.add_shapes(mm, torch.device("cpu"), torch.float32, list(speeds))
+    assert added and more.best == 120e9 and (more.params["m"], more.params["layout"]) == (960, "nt")
+    assert set(more.params["shapes"]) == {"512x512x512", "960x576x512-nt", "576x576x512-nt"}
+    calls.clear()
+    same, added = R.add_shapes(more, torch.device("cpu"), torch.float32, list(speeds))
+    assert not added and not calls and same is more  # measured once, kept

@@ -189,6 +189,16 @@ def check_chunked_prefill(stall_unchunked_s: float, stall_chunked_s: float, max_
         f"{stall_unchunked_s * 1e3:.0f} ms without: chunking did not bound it")
 
 
+def check_under_roofs(fractions: dict[str, float], limit: float = 1.0) -> None:
+    """Notebook 01 (roofs are upper bounds, issue 16): every plotted step's achieved FLOP/s is at most
+    its roof, min(peak, bandwidth x intensity), measured at the run's thread count -- the bandwidth
+    roof the faster of a read and a copy, the compute roof the best of several GEMM shapes including
+    the model's own prefill products. fractions: step label -> achieved / roof."""
+    above = {k: round(v, 3) for k, v in fractions.items() if v > limit}
+    assert fractions, "no plotted step to check"
+    assert not above, f"steps above {limit:.0%} of their roof (the roof underestimates this machine): {above}"
+
+
 def check_moe_compute(moe_flops: float, dense_flops: float, mixtral_params: float, mixtral_active: float,
                       max_ratio: float = 0.4, paper: tuple[float, float] = (46.7e9, 12.9e9), tol: float = 0.05e9) -> None:
     """Notebook 13 (Shazeer et al., 2017; Fedus et al., *Switch Transformers*, 2021; Jiang et al.,

@@ -99,6 +99,8 @@ def format_roofs(roofs: Any) -> str:
              f"{roofs.read_bandwidth.best / 1e9:.1f}, copy read+write {roofs.copy_bandwidth.best / 1e9:.1f} GB/s)"]
     for name, m in roofs.matmul.items():
         shape = "x".join(str(m.params.get(k)) for k in ("m", "k", "n"))
+        if m.params.get("layout", "nn") != "nn":  # the right operand transposed, as in x @ W.T
+            shape += f" ({m.params['layout']})"
         lines.append(f"  matmul {name:9s} {m.best / 1e9:.0f} GFLOP/s (best of {len(m.params.get('shapes', {1: 0}))} "
                      f"GEMM shapes: {shape}; median {m.median / 1e9:.0f})")
     return "\n".join(lines)

@@ -10,7 +10,10 @@ can honestly sit above it. Hence:
 - compute: the best of several GEMM shapes, not one big square: on that VM a
   2048^3 float32 matmul ran at ~45 GFLOP/s while the (512 x 576) @ (576 x 1536)
   products of a prefill ran at ~96, and a prefill step was plotted at 112% of
-  a roof taken from the square alone.
+  a roof taken from the square alone. The shapes include the products a
+  prefill step of the model runs, in the layout it runs them (`model_gemm_shapes`:
+  SkinnyLinear's W @ x.T, a transposed right operand), in the model's dtype;
+  `get_roofs(extra_shapes=...)` adds another model's to the cached roof.
 - each figure is the best of several repeats (a shared machine only ever
   slows a repeat down); every repeat and the median are kept.
 - the thread count is part of the machine: roofs are measured with the
@@ -38,13 +41,17 @@ from minillm.roofline.timing import median, time_repeats
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_COPY_BYTES = 512 * 2**20
-# (m, k, n) for an (m x k) @ (k x n) product: squares, and the tall-skinny products of a prefill
-# chunk through attention and MLP weights. A GPU needs more work per launch.
+# (m, k, n) for an (m x k) @ (k x n) product, both operands row-major, or (m, k, n, "nt") with the
+# right operand the transpose of a row-major (n x k) matrix -- how the engine multiplies (x @ W.T, or
+# SkinnyLinear's W @ x.T). Squares, and the products of a 512-token prefill step of the default model
+# (SmolLM2-135M: hidden 576, q 576 + k, v 2 x 192, MLP 1536; model_gemm_shapes(cfg, 512) gives them,
+# tests check they match). A GPU needs more work per launch.
 MATMUL_SHAPES = {
-    "cpu": [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (512, 576, 1536), (256, 1024, 4096)],
+    "cpu": [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (512, 576, 1536), (256, 1024, 4096),
+            (960, 576, 512, "nt"), (576, 576, 512, "nt"), (3072, 576, 512, "nt"), (576, 1536, 512, "nt")],
     "cuda": [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (4096, 4096, 14336)],
 }
-CACHE_VERSION = 2  # 2: read-bandwidth roof, best of several GEMM shapes, best repeat
+CACHE_VERSION = 3  # 2: read-bandwidth roof, best of several GEMM shapes, best repeat; 3: + the engine's prefill products
 
 
 @dataclass
@@ -123,26 +130,63 @@ def bandwidth_roof(copy: Measurement, read: Measurement) -> Measurement:
     return max((read, copy), key=lambda m: m.best)
 
 
-def measure_gemm(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int], repeats: int) -> list[float]:
-    """FLOP/s of each repeat of an (m x k) @ (k x n) product."""
-    m, k, n = shape
+def shape_key(shape: Sequence) -> str:
+    """'MxKxN' (both operands row-major) or 'MxKxN-nt' (the right one transposed), as the roofs store it."""
+    m, k, n, *layout = shape
+    return f"{m}x{k}x{n}" + (f"-{layout[0]}" if layout and layout[0] != "nn" else "")
+
+
+def model_gemm_shapes(cfg: Any, rows: int = 512) -> list[tuple[int, int, int, str]]:
+    """The matmuls a prefill step of `rows` tokens runs through each layer of a dense model, as the
+    engine computes them: SkinnyLinear's W @ x.T up to its MAX_ROWS rows (W [out x in]), x @ W.T beyond
+    -- both with a transposed right operand ("nt"). qkv_proj, o_proj, gate_up_proj, down_proj."""
+    from minillm.models.skinny_linear import MAX_ROWS
+
+    h, d = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    inter = cfg.intermediate_size
+    out_in = [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)]
+    if rows <= MAX_ROWS:
+        return [(o, i, rows, "nt") for o, i in out_in]
+    return [(rows, i, o, "nt") for o, i in out_in]
+
+
+def measure_gemm(device: torch.device, dtype: torch.dtype, shape: Sequence, repeats: int) -> list[float]:
+    """FLOP/s of each repeat of an (m x k) @ (k x n) product; layout "nt": the (k x n) operand is the
+    transpose of a row-major (n x k) matrix, as in x @ W.T."""
+    m, k, n, *layout = shape
     a = torch.randn(m, k, device=device).to(dtype)
-    b = torch.randn(k, n, device=device).to(dtype)
+    b = torch.randn(n, k, device=device).to(dtype).t() if layout and layout[0] == "nt" else \
+        torch.randn(k, n, device=device).to(dtype)
     out = torch.empty(m, n, device=device, dtype=dtype)
     times = time_repeats(lambda: torch.matmul(a, b, out=out), device, repeats)
     return [2 * m * k * n / t for t in times]
 
 
 def measure_matmul(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 5,
-                   shapes: Sequence[tuple[int, int, int]] | None = None) -> Measurement:
+                   shapes: Sequence[Sequence] | None = None) -> Measurement:
     """The best GEMM shape's repeats (`n`: one n x n square only, for quick tests)."""
     if shapes is None:
         shapes = [(n, n, n)] if n else MATMUL_SHAPES.get(device.type, MATMUL_SHAPES["cpu"])
-    per_shape = {shape: measure_gemm(device, dtype, shape, repeats) for shape in shapes}
+    per_shape = {tuple(shape): measure_gemm(device, dtype, tuple(shape), repeats) for shape in shapes}
     best = max(per_shape, key=lambda sh: max(per_shape[sh]))
-    m, k, nn = best
-    return Measurement.of("FLOP/s", per_shape[best], m=m, k=k, n=nn, dtype=str(dtype).removeprefix("torch."),
-                          repeats=repeats, shapes={"x".join(map(str, sh)): max(v) for sh, v in per_shape.items()})
+    m, k, nn, *layout = best
+    return Measurement.of("FLOP/s", per_shape[best], m=m, k=k, n=nn, layout=(layout or ["nn"])[0],
+                          dtype=str(dtype).removeprefix("torch."), repeats=repeats,
+                          shapes={shape_key(sh): max(v) for sh, v in per_shape.items()})
+
+
+def add_shapes(mm: Measurement, device: torch.device, dtype: torch.dtype, shapes: Sequence[Sequence],
+               repeats: int = 5) -> tuple[Measurement, bool]:
+    """`mm` with the GEMM shapes it has not measured yet measured now; the roof stays the best shape's
+    repeats. Returns (measurement, whether anything was measured)."""
+    todo = [tuple(s) for s in shapes if shape_key(s) not in mm.params.get("shapes", {})]
+    if not todo:
+        return mm, False
+    more = measure_matmul(device, dtype, repeats=repeats, shapes=todo)
+    seen = {**mm.params.get("shapes", {}), **more.params["shapes"]}
+    best = more if more.best > mm.best else mm
+    return Measurement(best.unit, best.values, best.median, {**best.params, "shapes": seen}), True
 
 
 def measure_roofs(
@@ -189,19 +233,38 @@ def get_roofs(
     device: str | torch.device = "cpu",
     remeasure: bool = False,
     dtypes: Sequence[str] = ("float32", "bfloat16"),
+    extra_shapes: Sequence[Sequence] = (),
     **measure_kw: Any,
 ) -> Roofs:
-    """The cached roofs of this machine, measuring (and caching) them when absent or asked to."""
+    """The cached roofs of this machine, measuring (and caching) them when absent or asked to.
+
+    extra_shapes: GEMM shapes (e.g. `model_gemm_shapes(cfg)`: the products a prefill of the model
+    being judged runs) the compute roof must include; any the cache lacks are measured and added."""
     dev = torch.device(device)
     path = cache_path(machine_info(dev))
+    roofs = None
     if not remeasure and path.exists():
         try:
-            roofs = Roofs.from_dict(json.loads(path.read_text()))
-            if roofs.cache_version == CACHE_VERSION and all(d in roofs.matmul for d in dtypes):
-                return roofs
+            cached = Roofs.from_dict(json.loads(path.read_text()))
+            if cached.cache_version == CACHE_VERSION and all(d in cached.matmul for d in dtypes):
+                roofs = cached
         except (ValueError, KeyError, TypeError):  # a corrupt or old cache: measure again
             pass
-    roofs = measure_roofs(dev, dtypes, **measure_kw)
+    fresh = roofs is None
+    if fresh:
+        roofs = measure_roofs(dev, dtypes, **measure_kw)
+    if extra_shapes:
+        before = probe_machine_state() if dev.type == "cpu" and not fresh else None
+        added = False
+        for name in dtypes:
+            roofs.matmul[name], more = add_shapes(roofs.matmul[name], dev, DTYPES[name], extra_shapes)
+            added = added or more
+        if not fresh and not added:
+            return roofs
+        if before is not None:  # the probes around what was measured now
+            roofs.machine_state = {"before": before.to_dict(), "after": probe_machine_state().to_dict()}
+    elif not fresh:
+        return roofs
     busy = measured_while_busy(roofs)
     if busy:  # a roof measured under another tenant's load is too low: use it now, never keep it
         warnings.warn(f"roofs measured while the machine was busy ({busy}); not cached, so the next run "
