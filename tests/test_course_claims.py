@@ -6,7 +6,7 @@ from minillm.bench.course_claims import (check_attention_roofline, check_batchin
                                          check_chat_reuse, check_chunked_prefill, check_continuous_claim,
                                          check_decode_intensity, check_draft_pair, check_kv_heads_capacity,
                                          check_length_aware_tail, check_medusa_heads, check_moe_compute,
-                                         check_paging_claim, check_prefix_reuse, check_roofline_claim,
+                                         check_paging_claim, check_prefix_reuse, check_prefix_ttft, check_roofline_claim,
                                          check_router_imbalance, check_same_tokens, check_serving_tradeoff,
                                          check_speculation_emits, check_tp_allreduce, check_tp_kv_split, check_tp_links,
                                          check_tp_same_tokens, check_under_roofs)
@@ -104,17 +104,45 @@ def test_chat_reuse():
             check_chat_reuse(hits | bad_hits, ttft | bad_ttft, outputs_identical=same)
 
 
+# notebook 07 on this machine (one pinned thread, load ~5: a benchmark held both cores): the decoding requests' worst
+# stall (s) per repeat, without chunking and with 64-token chunks
+UNCHUNKED_07 = [1.600, 1.512, 1.689, 1.637, 1.525]
+CHUNKED_07 = [0.253, 0.259, 0.260, 0.266, 0.261]
+
+
 def test_chunked_prefill():
-    # notebook 07 on this machine (busy with another job): worst decode stall (s) without chunking and with
-    # 64-token chunks
-    measured = dict(stall_unchunked_s=6.483, stall_chunked_s=5.012, max_prefill_tokens_chunked=64, chunk=64,
-                    steps_over_budget=0)
+    measured = dict(stalls_unchunked_s=UNCHUNKED_07, stalls_chunked_s=CHUNKED_07, max_prefill_tokens_chunked=64,
+                    chunk=64, steps_over_budget=0)
     check_chunked_prefill(**measured)
-    for bad in [dict(stall_chunked_s=7.1),  # chunking made the worst stall longer
+    # one repeat caught by a busy spell moves neither the median nor the noise estimate much
+    check_chunked_prefill(**(measured | dict(stalls_chunked_s=CHUNKED_07[:-1] + [3 * max(CHUNKED_07)])))
+    u = UNCHUNKED_07
+    for bad in [dict(stalls_chunked_s=[x * 1.02 for x in u]),  # chunking changed nothing (the old flaky case)
+                dict(stalls_chunked_s=[x * 0.97 for x in reversed(u)]),  # 3% shorter: within the noise
+                dict(stalls_chunked_s=[x * 1.5 for x in u]),  # chunking made the worst stall longer
+                dict(stalls_chunked_s=CHUNKED_07[:2], stalls_unchunked_s=u[:2]),  # too few repeats to know the noise
                 dict(max_prefill_tokens_chunked=128),  # a step took two chunks' worth of the prompt
                 dict(steps_over_budget=1)]:  # the scheduler overran a step's token budget
         with pytest.raises(AssertionError):
             check_chunked_prefill(**(measured | bad))
+
+
+# notebook 06 on this machine (one pinned thread, load ~5): TTFT (s) per repeat of a ~510-token prompt (a 496-token
+# shared prefix) without a cache, with its prefix cached, and of its 13-15-token suffix alone without a cache
+PLAIN_06 = [1.168, 1.216, 1.169, 1.133, 1.244]
+CACHED_06 = [0.143, 0.121, 0.124, 0.132, 0.126]
+SUFFIX_06 = [0.118, 0.118, 0.105, 0.114, 0.117]
+
+
+def test_prefix_ttft():
+    check_prefix_ttft(PLAIN_06, CACHED_06, SUFFIX_06)
+    for cached in ([x * 0.95 for x in PLAIN_06],  # the cache saved nothing
+                   [x / 1.5 for x in PLAIN_06],  # 1.5x: below the 2x claimed
+                   [x * 2 for x in SUFFIX_06]):  # a gain, but half what computing the suffix alone predicts
+        with pytest.raises(AssertionError):
+            check_prefix_ttft(PLAIN_06, cached, SUFFIX_06)
+    with pytest.raises(AssertionError):  # faster than computing the suffix alone from scratch: mis-measured
+        check_prefix_ttft(PLAIN_06, CACHED_06, [x * 2 for x in SUFFIX_06])
 
 
 def test_under_roofs():
