@@ -58,8 +58,8 @@ def test_roofs_measured_while_busy_are_used_but_not_cached(cache, monkeypatch):
 
     def stalled(*args, **kw):  # what a probe shows when another tenant holds a core
         r = real(*args, **kw)
-        r.machine_state["before"]["stall_ratio"] = 1.0  # quiet before (whatever this machine is doing now)
-        r.machine_state["after"]["stall_ratio"] = 7.5
+        r.machine_state["before"].update(stall_ratio=1.0, load_average=[0.5, 0.5, 0.5])  # quiet before, whatever
+        r.machine_state["after"].update(stall_ratio=7.5, load_average=[0.5, 0.5, 0.5])  # this machine is doing now
         return r
 
     monkeypatch.setattr(roofs_module, "measure_roofs", stalled)
@@ -71,6 +71,21 @@ def test_roofs_measured_while_busy_are_used_but_not_cached(cache, monkeypatch):
     quiet = get_roofs("cpu", **SMALL)
     if measured_while_busy(quiet) is None:  # this machine was quiet: that measurement is kept
         assert cache_path(machine_info("cpu")).exists()
+
+
+def test_a_load_above_the_cpus_is_busy_even_when_the_probe_is_quiet():
+    """A tenant keeping every core busy between the stall probes shows in the load average instead."""
+    from minillm.roofline.roofs import Measurement, Roofs
+
+    def roofs(load: float, ratio: float = 1.2) -> Roofs:
+        state = {"load_average": [load, load, load], "stall_ratio": ratio}
+        return Roofs(machine={"logical_cpus": 2}, bandwidth=Measurement.of("B/s", [1e10]),
+                     read_bandwidth=Measurement.of("B/s", [1e10]), copy_bandwidth=Measurement.of("B/s", [1e10]),
+                     matmul={}, measured_at=0.0, machine_state={"before": state, "after": state})
+
+    assert measured_while_busy(roofs(2.5)) is None  # this process on both cores and a little more: quiet
+    assert "load average 4.3 on 2 CPUs" in measured_while_busy(roofs(4.3))  # what cached 173 GFLOP/s for 407
+    assert "parallel ops" in measured_while_busy(roofs(0.5, ratio=7.5))
 
 
 def test_extra_gemm_shapes_join_the_cached_roof(cache, monkeypatch):

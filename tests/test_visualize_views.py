@@ -224,3 +224,29 @@ def test_machine_roofs_reads_the_cached_measurement(monkeypatch):
     r = machine_roofs("cpu", "bfloat16")
     assert (r.bandwidth, r.peak_flops) == (2e10, 5e11) and "test cpu" in r.label
     assert asked == {"device": "cpu", "dtypes": ("bfloat16",)}
+
+
+def test_machine_roofs_judges_a_model_with_its_own_products(monkeypatch):
+    """machine_roofs(model_config=...) asks for the model's prefill GEMM shapes; remeasure and
+    wait_quiet_s reach the measurement (notebook 01 re-measures once when a point sits above its roof)."""
+    import minillm.roofline as roofline
+    from minillm.roofline import Measurement, Roofs as MeasuredRoofs
+    from minillm.roofline.roofs import model_gemm_shapes
+    from minillm.visualize.roofs import machine_roofs
+    from tests.helpers.engine_utils import tiny_model
+
+    asked = {}
+
+    def fake_get_roofs(device="cpu", remeasure=False, dtypes=("float32",), **kw):
+        asked.update(remeasure=remeasure, **kw)
+        return MeasuredRoofs(machine={"device_name": "test cpu"}, bandwidth=Measurement.of("B/s", [2e10]),
+                             read_bandwidth=Measurement.of("B/s", [2e10]), copy_bandwidth=Measurement.of("B/s", [1e10]),
+                             matmul={"float32": Measurement.of("FLOP/s", [5e11])}, measured_at=0.0)
+
+    monkeypatch.setattr(roofline, "get_roofs", fake_get_roofs)
+    cfg = tiny_model().config
+    machine_roofs("cpu", "float32", model_config=cfg, remeasure=True, wait_quiet_s=60)
+    assert asked == {"remeasure": True, "extra_shapes": model_gemm_shapes(cfg, 512), "wait_quiet_s": 60}
+    asked.clear()
+    machine_roofs("cpu", "float32")  # no model: the cached roof as it is, no waiting
+    assert asked == {"remeasure": False, "extra_shapes": ()}

@@ -218,14 +218,28 @@ def cache_path(info: MachineInfo) -> Path:
     return cache_dir() / f"roofs-{info.cache_key()}.json"
 
 
+BUSY_LOAD_PER_CPU = 1.5
+
+
 def measured_while_busy(roofs: Roofs) -> str | None:
-    """Why a measurement should not be cached (parallel ops stalled before or after it), else None."""
+    """Why a measurement should not be cached (parallel ops stalled before or after it, or more runnable
+    work than CPUs), else None.
+
+    The stall probe misses a tenant that keeps both cores busy between its probes: on the 2-core VM a
+    benchmark at load 4.3 left the probe quiet (stall ratio 1.4) while the roofs came out at 173 GFLOP/s
+    and 16.9 GB/s against 407 and 29 on the quiet machine -- and were cached. A 1-minute load average
+    above `BUSY_LOAD_PER_CPU` x the CPUs says the same thing (this process alone, on all cores, stays
+    at about 1 x)."""
     from minillm.roofline.machine_state import QUIET_STALL_RATIO
 
+    cpus = (roofs.machine or {}).get("logical_cpus") or os.cpu_count() or 1
     for when, st in (roofs.machine_state or {}).items():
         ratio = st.get("stall_ratio")
         if ratio is not None and ratio > QUIET_STALL_RATIO:
             return f"{when}: parallel ops {ratio:.1f}x slower than serial, above {QUIET_STALL_RATIO}"
+        load = (st.get("load_average") or [None])[0]
+        if load is not None and load > BUSY_LOAD_PER_CPU * cpus:
+            return f"{when}: load average {load:.1f} on {cpus} CPUs, above {BUSY_LOAD_PER_CPU:g} per CPU"
     return None
 
 
