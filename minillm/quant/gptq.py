@@ -171,8 +171,25 @@ def gptq_quantize(
     return GptqResult(Int4Weight(pack_int4(codes), sz, group_size, k), codes, loss)
 
 
-# calibration of quantization="gptq": windows x length tokens of the "calib" split of pydoc_data.topics
+# calibration of quantization="gptq": windows x length tokens of the "calib" split of pydoc_data.topics,
+# at least CALIB_WINDOWS and at least TOKENS_PER_INPUT calibration tokens per input column of the model's
+# widest linear (calibration_windows). With fewer tokens than columns H = 2 X^T X / T is singular and
+# GPTQ fits the calibration set instead of the layer: measured on Qwen2.5-Coder-1.5B (down_proj, 8960
+# inputs) with 4096 tokens, GPTQ's output error on the calibration inputs was 3x below round-to-nearest's
+# and on held-out prose 2.5x above it; with 16384 tokens and damping 0.1, 14% below on held-out prose.
 CALIB_WINDOWS, CALIB_LEN = 32, 128
+TOKENS_PER_INPUT = 2
+# damping of H for whole models: 10% of mean(diag H), the value that gave the lowest held-out output error
+# in that measurement (1%, the paper's default for 128 x 2048 tokens, overfits at these sizes)
+MODEL_PERCDAMP = 0.1
+
+
+def calibration_windows(model, length: int = CALIB_LEN) -> int:
+    """Windows of `length` tokens GPTQ calibrates `model` on: CALIB_WINDOWS, or more for wide linears."""
+    from minillm.quant.apply import target_linears
+
+    widest = max(lin.in_features for lin in target_linears(model).values())
+    return max(CALIB_WINDOWS, -(-TOKENS_PER_INPUT * widest // length))
 
 
 @torch.no_grad()
@@ -180,7 +197,7 @@ def gptq_quantize_model(
     model,
     calibration: torch.Tensor,
     group_size: int,
-    percdamp: float = 0.01,
+    percdamp: float = MODEL_PERCDAMP,
     act_order: bool = False,
     use_cpu_kernels: bool = True,
     windows_per_chunk: int = 8,
