@@ -61,11 +61,7 @@ def test_committed_stripped(path):
             assert cell.outputs, f"{path.name}: a {CHECK_MARK} cell needs its reference output"
 
 
-ID_PENDING = {"08_quantization": "cells 9-11 lack ids; the notebook is being reworked in the quantization work"}
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=ID_PENDING[p.stem], strict=False))
-                                  if p.stem in ID_PENDING else p for p in NOTEBOOKS], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_cell_has_an_id(path):
     """nbformat 4.5 wants a unique id on every cell (nbformat warns MissingIDFieldWarning, and nbval
     and the strip script's executed-output lookup key cells by id)."""
