@@ -5,6 +5,7 @@ import pytest
 from minillm.bench.course_claims import (check_attention_roofline, check_batching_model, check_calibration_domain,
                                          check_chat_reuse, check_chunked_prefill, check_continuous_claim,
                                          check_decode_intensity, check_draft_pair, check_kv_heads_capacity,
+                                         check_kv_heads_decode,
                                          check_length_aware_tail, check_medusa_heads, check_moe_compute,
                                          check_paging_claim, check_prefix_reuse, check_prefix_ttft, check_roofline_claim,
                                          check_router_imbalance, check_same_tokens, check_serving_tradeoff,
@@ -81,6 +82,18 @@ def test_kv_heads_capacity():
                                   ({}, dict(MQA=10))):  # a third of the heads, fewer sequences than GQA
         with pytest.raises(AssertionError):
             check_kv_heads_capacity(kv, blocks | bad_blocks, peaks | bad_peaks)
+
+
+
+def test_kv_heads_decode():
+    # notebook 02 on this machine, one thread: 4 x 1,024-token contexts, 71 MB (MHA) vs 42 MB (GQA) read per step
+    check_kv_heads_decode([1.85, 1.9, 1.78, 1.95, 1.88], predicted=1.68)
+    for ratios in ([1.0, 1.02, 0.98, 1.0, 1.01],  # issue 16's 1.00x on two loaded threads
+                   [3.0, 3.1, 2.9]):  # far more than the bytes can explain
+        with pytest.raises(AssertionError):
+            check_kv_heads_decode(ratios, predicted=1.68)
+    with pytest.raises(AssertionError):  # a workload where the K/V read is a small part cannot test it
+        check_kv_heads_decode([1.05, 1.04, 1.06], predicted=1.05)
 
 
 def test_prefix_reuse():

@@ -133,6 +133,26 @@ def check_kv_heads_capacity(kv_heads: dict[str, int], blocks: dict[str, int], pe
         f"MQA ran {peak_running['MQA']} sequences at once, fewer than GQA's {peak_running['GQA']}")
 
 
+def check_kv_heads_decode(ratios: list[float], predicted: float, model_margin: float = 0.25,
+                          min_predicted: float = 1.2) -> None:
+    """Notebook 02: GQA's decode step against MHA's, t(MHA) / t(GQA), measured as interleaved repeats
+    on one pinned thread, must match what the step-cost model predicts from the bytes a decode step
+    reads (weights + K/V, from the engine's trace): predicted = bytes(MHA) / bytes(GQA).
+
+    The band around the prediction is `model_margin` (the byte model ignores the fixed per-step cost,
+    which pulls the ratio toward 1, and the paged gather reading K/V slower than weights stream, which
+    pushes it up), widened by the repeats' own spread (min/median and max/median of `ratios`). The
+    workload must predict a clear gain (> `min_predicted`), or it cannot tell a gain from noise."""
+    assert predicted > min_predicted, (
+        f"the byte model predicts only {predicted:.2f}x: the K/V read is too small a part of a step to test the claim")
+    med = statistics.median(ratios)
+    lo = predicted / (1 + model_margin) * min(ratios) / med
+    hi = predicted * (1 + model_margin) * max(ratios) / med
+    assert lo <= med <= hi, (
+        f"GQA decode {med:.2f}x MHA's (repeats {[round(r, 2) for r in ratios]}) outside [{lo:.2f}, {hi:.2f}] "
+        f"around the {predicted:.2f}x the bytes read per step predict")
+
+
 def check_prefix_reuse(hit_tokens: int, shared_tokens: int, repeats: int, computed_cached: int, computed_plain: int,
                        block_size: int = 16) -> None:
     """Notebook 06 (SGLang's RadixAttention, Zheng et al., 2024; vLLM's automatic prefix caching):
