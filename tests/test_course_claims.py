@@ -88,7 +88,9 @@ def test_kv_heads_capacity():
 def test_kv_heads_decode():
     # notebook 02 on this machine, one thread: 4 x 1,024-token contexts, 71 MB (MHA) vs 42 MB (GQA) read per step
     check_kv_heads_decode([1.85, 1.9, 1.78, 1.95, 1.88], predicted=1.68)
+    check_kv_heads_decode([1.73, 1.16, 1.85, 1.7, 1.78], predicted=1.68)  # one repeat hit by load (a busy run: range 1.16-1.85)
     for ratios in ([1.0, 1.02, 0.98, 1.0, 1.01],  # issue 16's 1.00x on two loaded threads
+                   [1.0, 0.98, 1.02, 1.6, 1.01],  # the same with one lucky repeat: the noise is robust to it
                    [3.0, 3.1, 2.9]):  # far more than the bytes can explain
         with pytest.raises(AssertionError):
             check_kv_heads_decode(ratios, predicted=1.68)
