@@ -9,20 +9,13 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from minillm.roofline.machine import cpu_flags
+
+__all__ = ["AMX_FLAGS", "INT8_DOT_FLAGS", "best_of", "check_file_is_not_memory", "check_float_kv_outgrows_weights",
+           "check_perplexity_hides_flips", "check_w8a8_gain", "cpu_flags"]
+
 INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx_vnni_int8")  # int8 dot products in hardware
 AMX_FLAGS = ("amx_bf16", "amx_int8")  # matrix units: bf16 tiles as well as int8 ones
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo); empty where they cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def check_file_is_not_memory(file_bytes: int, held_bytes: int, predicted_held_bytes: int, allocated_bytes: int,

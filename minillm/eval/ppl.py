@@ -25,7 +25,7 @@ DEFAULT_SETTINGS = ("float", "int8", "int4", "int4-awq", "kv-int8", "kv-fp8", "i
 KV_PREFIX = "kv-"
 CALIB_PREFIX = "calib-"
 HEAD = "head8"
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # setting part -> the copy's float dtype
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}  # setting part -> the copy's float dtype (LLM(dtype=...))
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,13 @@ class Setting:
 
     @property
     def torch_dtype(self) -> torch.dtype | None:
-        return DTYPES[self.dtype] if self.dtype else None
+        from minillm.engine.config import resolve_dtype
+
+        return resolve_dtype(DTYPES[self.dtype]) if self.dtype else None
 
     def needs_copy(self, model) -> bool:
         """Whether this setting changes the loaded model (so it needs a private copy)."""
-        recast = self.dtype is not None and DTYPES[self.dtype] != model.embed_tokens.weight.dtype
+        recast = self.dtype is not None and self.torch_dtype != model.embed_tokens.weight.dtype
         return self.quantization is not None or self.lm_head or recast
 
 
@@ -114,7 +116,6 @@ def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], di
     """Score every setting; returns the rows and the workload description."""
     from minillm.attention.kv_quant import kv_bytes_per_token, resolve_kv_cache_dtype
     from minillm.loader import load_model
-    from minillm.quant.apply import quantize_loaded
     from minillm.quant.footprint import weight_bytes_per_token
 
     settings = [parse_setting(s) for s in cfg.settings]  # all bad names fail before any work
@@ -135,7 +136,7 @@ def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], di
             if not s.needs_copy(loaded.model) and s.kv_cache_dtype == "auto":
                 scores, model = base
             else:
-                scores, model = run_setting(s, loaded, wins, cfg, quantize_loaded)
+                scores, model = run_setting(s, loaded, wins, cfg)
             row.perplexity = scores.perplexity
             row.ppl_change_pct = 100.0 * (scores.perplexity / base[0].perplexity - 1.0)
             row.top1_agreement = (scores.top1 == base[0].top1).double().mean().item()
@@ -150,16 +151,16 @@ def run_eval(cfg: EvalConfig, loaded=None, log=print) -> tuple[list[EvalRow], di
     return rows, workload
 
 
-def run_setting(s: Setting, loaded, wins: torch.Tensor, cfg: EvalConfig, quantize_loaded=None):
+def run_setting(s: Setting, loaded, wins: torch.Tensor, cfg: EvalConfig):
     """(scores, model) for one setting on a private copy of the float model."""
-    model = setting_model(loaded, s, cfg.group_size, quantize_loaded)
+    model = setting_model(loaded, s, cfg.group_size)
     return score_windows(model, wins, chunk_size=cfg.chunk_size, kv_cache_dtype=s.kv_cache_dtype), model
 
 
-def setting_model(loaded, s: Setting, group_size: int | None, quantize_loaded=None):
+def setting_model(loaded, s: Setting, group_size: int | None):
     """The loaded model itself when the setting leaves it unchanged, else a private copy in the setting's
     dtype, quantized by its method."""
-    from minillm.quant.apply import GROUPED, quantize_loaded as default_quantize
+    from minillm.quant.apply import GROUPED, quantize_loaded
 
     if not s.needs_copy(loaded.model):
         return loaded.model
@@ -168,8 +169,8 @@ def setting_model(loaded, s: Setting, group_size: int | None, quantize_loaded=No
         model.to(s.torch_dtype)
     if s.quantization is not None or s.lm_head:
         gs = group_size if s.quantization in GROUPED else None
-        (quantize_loaded or default_quantize)(dataclasses.replace(loaded, model=model), s.quantization, gs,
-                                              lm_head=s.lm_head, calibration=s.calibration)
+        quantize_loaded(dataclasses.replace(loaded, model=model), s.quantization, gs, lm_head=s.lm_head,
+                        calibration=s.calibration)
     return model
 
 

@@ -79,11 +79,12 @@ def quantize_loaded(loaded, method: str | None, group_size: int | None = None, l
 
             n, length = CALIBRATION[method]
             length = calib_len or length
-            if method == "gptq" and not calib_windows:
+            if calib_windows:
+                n = calib_windows
+            elif method == "gptq":
                 from minillm.quant.gptq import calibration_windows
 
                 n = calibration_windows(loaded.model, length)  # wide linears need more tokens than columns
-            n = calib_windows or n
             ids = corpus_tokens(loaded.tokenizer, "calib", n * length, domain=calibration)
             report["calibration"] = f"{n} x {length} tokens of the {calibration} text's calib split"
             calib_ids = windows(ids, length, n)

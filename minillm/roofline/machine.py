@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-_INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
+_INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx_vnni_int8", "amx_bf16",
+                      "amx_tile", "amx_int8")
 
 
 def _cpu_model_and_flags() -> tuple[str, list[str]]:
@@ -34,6 +35,11 @@ def _cpu_model_and_flags() -> tuple[str, list[str]]:
     except OSError:  # not Linux: keep what platform says
         pass
     return model, flags
+
+
+def cpu_flags() -> set[str]:
+    """The CPU features that choose kernels and claims here (bf16, int8 dot products, AMX); empty off Linux."""
+    return set(_cpu_model_and_flags()[1])
 
 
 def _memory_bytes() -> int | None:

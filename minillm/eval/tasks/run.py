@@ -107,10 +107,11 @@ def run_tasks(cfg: TaskConfig, log: Callable[[str], None] = print) -> tuple[list
 
 def _run_scheme(row: TaskRow, s, cfg: TaskConfig, items: list) -> None:
     from minillm import LLM, SamplingParams
+    from minillm.eval.ppl import DTYPES
     from minillm.quant.apply import GROUPED
 
     t0 = time.perf_counter()
-    dtype = {"dtype": {"bf16": "bfloat16", "fp32": "float32"}[s.dtype]} if s.dtype else {}
+    dtype = {"dtype": DTYPES[s.dtype]} if s.dtype else {}
     llm = LLM(cfg.resolved_model(), **dtype, quantization=s.quantization, kv_cache_dtype=s.kv_cache_dtype,
               quantize_lm_head=s.lm_head, quantization_calibration=s.calibration,
               quantization_group_size=cfg.group_size if s.quantization in GROUPED else None)
