@@ -20,7 +20,8 @@ from minillm.roofline.machine_state import MachineState, settle
 from minillm.bench.stats import figure, paired_ratio, ratio
 from minillm.bench.subject import DecodeRun, Subject
 from minillm.bench.targets import (DECODE_BANDWIDTH, DECODE_VS_TRANSFORMERS, PREFILL_VS_TRANSFORMERS,
-                                   QUANT_DECODE_VS_LLAMA_CPP, Target, target)
+                                   DECODE_READ_ROOF_COMPILED, QUANT_DECODE_VS_LLAMA_CPP,
+                                   QUANT_DECODE_VS_LLAMA_CPP_FASTER, QUANT_DECODE_VS_TRANSFORMERS, Target, target)
 from minillm.bench.workload import LatencyWorkload
 from minillm.config import ModelConfig
 from minillm.engine.cost import step_cost
@@ -91,14 +92,25 @@ def measure_latency(
     return runs
 
 
+def _vs_fastest_llama_cpp(figures: dict[str, Any], baseline: str) -> float | None:
+    """Baseline decode tok/s over the faster of the llama.cpp subjects that ran (repack on / off)."""
+    peers = [f["decode_tok_s"].median for name, f in figures.items() if name.startswith("llama.cpp")]
+    if baseline not in figures or not peers:
+        return None
+    return ratio(figures[baseline]["decode_tok_s"].median, max(peers))
+
+
 def summarize_latency(
     runs: dict[str, SubjectLatency], workload: LatencyWorkload, cfg: ModelConfig, dtype: torch.dtype,
     bandwidth: float | None, baseline: str = "minillm", quantized: bool = False,
+    read_bandwidth: float | None = None, compiled: bool = False,
 ) -> dict[str, Any]:
     """Figures per subject, ratios of the baseline over each peer, and the targets.
 
-    The bandwidth target is issue 2's, for float weights; with quantized weights (issues 4
-    and 6) the target is decode level with llama.cpp without weight repacking instead."""
+    The bandwidth target is issue 2's, for float weights (plus issue 20's read-roof target when the
+    decode steps are compiled); with quantized weights (issues 4, 6, 14 and 20) the targets are decode
+    level with llama.cpp -- without repacking, and with whichever setting ran faster -- and 3x
+    transformers."""
     elem = torch.empty((), dtype=dtype).element_size()
     traced = [r.bytes_per_token for r in runs.get(baseline, SubjectLatency()).decode if r.bytes_per_token]
     analytic = analytic_decode_bytes(cfg, workload, elem, elem)
@@ -126,8 +138,14 @@ def summarize_latency(
     targets: list[Target] = [target(DECODE_VS_TRANSFORMERS, peer.get("decode_tok_s"))]
     if quantized:
         targets.append(target(QUANT_DECODE_VS_LLAMA_CPP, ratios.get("llama.cpp-norepack", {}).get("decode_tok_s")))
+        targets.append(target(QUANT_DECODE_VS_LLAMA_CPP_FASTER, _vs_fastest_llama_cpp(figures, baseline)))
+        targets.append(target(QUANT_DECODE_VS_TRANSFORMERS, peer.get("decode_tok_s")))
     else:
         targets.append(target(DECODE_BANDWIDTH, frac.median if isinstance(frac, Measurement) else None))
+        if compiled:
+            read_frac = (base["decode_tok_s"].median * bytes_per_token / read_bandwidth
+                         if base and read_bandwidth else None)
+            targets.append(target(DECODE_READ_ROOF_COMPILED, read_frac))
     targets.append(target(PREFILL_VS_TRANSFORMERS, peer.get("prefill_speed")))
     return {
         "bytes_per_decode_token": {"value": bytes_per_token, "source": "trace" if traced else "analytic",

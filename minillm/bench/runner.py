@@ -36,7 +36,9 @@ def latency_report(
     runs = measure_latency(subjects, workload, cfg.vocab_size, repeats, prefill_repeats, warmup, log, settle)
     after = probe_machine_state()
     summary = summarize_latency(runs, workload, cfg, dtype, roofs.bandwidth_bytes_per_s if roofs else None,
-                                quantized=settings.get("quantization") is not None)
+                                quantized=settings.get("quantization") is not None,
+                                read_bandwidth=roofs.read_bandwidth.best if roofs else None,
+                                compiled=bool(settings.get("compile")))
     report = build_report(
         "latency", **_context(roofs, device),
         machine_state={"before": before.to_dict(), "after": after.to_dict()},

@@ -24,6 +24,17 @@ DECODE_VS_TRANSFORMERS = ("decode_vs_transformers", "batch-1 decode tok/s, minil
 DECODE_BANDWIDTH = ("decode_bandwidth_fraction", "batch-1 decode bytes/s as a fraction of the measured bandwidth roof", 0.75)
 QUANT_DECODE_VS_LLAMA_CPP = ("quantized_decode_vs_llama_cpp_norepack",
                              "batch-1 decode tok/s, minillm with quantized weights / llama.cpp without repacking", 1.0)
+# issues 14 and 20: level with llama.cpp's faster setting (repack on or off, whichever ran faster in
+# this run), and issue 14's 3x transformers, for batch-1 decode with quantized weights
+QUANT_DECODE_VS_LLAMA_CPP_FASTER = ("quantized_decode_vs_llama_cpp_faster",
+                                    "batch-1 decode tok/s, minillm with quantized weights / llama.cpp's faster "
+                                    "setting (repack on or off) in this run", 1.0)
+QUANT_DECODE_VS_TRANSFORMERS = ("quantized_decode_vs_transformers",
+                                "batch-1 decode tok/s, minillm with quantized weights / transformers", 3.0)
+# issue 20: float batch-1 decode with compile=True reads at >= 80% of the same run's read-only roof
+DECODE_READ_ROOF_COMPILED = ("decode_read_roof_fraction_compiled",
+                             "batch-1 decode bytes/s with compile=True as a fraction of the read-only roof (sum probe)",
+                             0.8)
 PREFILL_VS_TRANSFORMERS = ("prefill_1k_vs_transformers", "1k-token prefill speed, transformers TTFT / minillm TTFT", 1.0)
 THROUGHPUT_VS_TRANSFORMERS = ("throughput_vs_transformers", "output tok/s on the workload, minillm / transformers", 4.0)
 
