@@ -17,7 +17,7 @@ from minillm.cli import main as minillm_main
 from minillm.engine.trace import dump_trace
 from minillm.roofline.machine import machine_info
 from minillm.roofline import roofs as roofs_module
-from minillm.roofline.roofs import cache_path, get_roofs, measured_while_busy
+from minillm.roofline.roofs import Roofs, cache_path, get_roofs, measured_while_busy
 from minillm.roofline.timing import time_repeats
 from tests.helpers.engine_utils import greedy, make_engine, random_prompts, run_to_completion, tiny_model
 
@@ -46,10 +46,41 @@ def test_roofs_are_measured_then_cached_per_machine(cache):
     fresh = get_roofs("cpu", remeasure=True, **SMALL)
     assert fresh.measured_at > roofs.measured_at
     assert json.loads(path.read_text())["measured_at"] == fresh.measured_at
+    # a re-measure keeps the best of both: never below what the cache held
+    assert fresh.bandwidth_bytes_per_s >= roofs.bandwidth_bytes_per_s
+    assert fresh.flops_per_s(torch.float32) >= roofs.flops_per_s(torch.float32)
     path.write_text("{not json")
     assert get_roofs("cpu", **SMALL).measured_at > fresh.measured_at  # a corrupt cache is measured over
     more = get_roofs("cpu", dtypes=("float32", "bfloat16", "float16"), **SMALL)
     assert "float16" in more.matmul  # a dtype the cache lacks is measured
+
+
+def test_a_remeasure_that_came_out_lower_keeps_the_cached_roofs(cache, monkeypatch):
+    """A roof is an upper bound: a re-measure during a busy minute must not lower it."""
+    roofs = get_roofs("cpu", **SMALL)
+    real = roofs_module.measure_roofs
+
+    def slower(*args, **kw):  # the same probes, every repeat 100x slower, on a quiet-looking machine
+        r = real(*args, **kw)
+        for m in (r.read_bandwidth, r.copy_bandwidth, *r.matmul.values()):
+            m.values[:] = [v / 100 for v in m.values]
+        r.bandwidth = roofs_module.bandwidth_roof(r.copy_bandwidth, r.read_bandwidth)
+        return r
+
+    monkeypatch.setattr(roofs_module, "measure_roofs", slower)
+    low = get_roofs("cpu", remeasure=True, **SMALL)
+    assert low.measured_at > roofs.measured_at
+    assert low.bandwidth_bytes_per_s == roofs.bandwidth_bytes_per_s
+    assert low.read_bandwidth.best == roofs.read_bandwidth.best
+    assert low.flops_per_s(torch.float32) == roofs.flops_per_s(torch.float32)
+    kept = Roofs.from_dict(json.loads(cache_path(machine_info("cpu")).read_text()))
+    assert kept.bandwidth_bytes_per_s == roofs.bandwidth_bytes_per_s
+    # the merge in either order takes the faster probe: a faster fresh run does raise the roof
+    raw = slower("cpu", ("float32", "bfloat16"), **SMALL)
+    assert raw.bandwidth_bytes_per_s < roofs.bandwidth_bytes_per_s
+    for merged in (roofs_module.best_of(raw, roofs), roofs_module.best_of(roofs, raw)):
+        assert merged.bandwidth_bytes_per_s == roofs.bandwidth_bytes_per_s
+        assert merged.flops_per_s("bfloat16") == roofs.flops_per_s("bfloat16")
 
 
 def test_roofs_measured_while_busy_are_used_but_not_cached(cache, monkeypatch):
