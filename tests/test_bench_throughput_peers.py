@@ -34,3 +34,19 @@ def test_the_cli_takes_several_batch_sizes():
     args = build_parser().parse_args(["throughput", "--compare", "transformers", "--hf-batch-size", "8", "16", "64"])
     assert args.hf_batch_size == [8, 16, 64]
     assert build_parser().parse_args(["throughput"]).hf_batch_size == [32]
+
+
+def test_the_compute_roof_fraction_comes_from_the_counted_flops():
+    """Issue 20: minillm's counted FLOPs over the wall time against the dtype's matmul roof (>= 0.6);
+    a peer that counts none gets no figure."""
+    base = SubjectThroughput(runs=[BatchRun(wall_s=2.0, prompt_tokens=50, output_tokens=100, generated_tokens=100,
+                                            flops=4e11)])  # 200 GFLOP/s
+    out = summarize_throughput({"minillm": base, "transformers": served(10.0)}, compute_roof=5e11)
+    t = next(t for t in out["targets"] if t.name == "throughput_compute_roof_fraction")
+    assert t.value == pytest.approx(0.4) and t.passed is False
+    assert out["figures"]["minillm"]["achieved_flops_per_s"].median == pytest.approx(2e11)
+    assert out["figures"]["transformers"]["achieved_flops_per_s"] is None
+    out = summarize_throughput({"minillm": base}, compute_roof=3e11)
+    assert next(t for t in out["targets"] if t.name == "throughput_compute_roof_fraction").passed is True
+    no_roof = summarize_throughput({"minillm": base})
+    assert next(t for t in no_roof["targets"] if t.name == "throughput_compute_roof_fraction").value is None

@@ -88,6 +88,7 @@ class MinillmSubject:
             ttft_s=[o.metrics.ttft for o in outs],
             tpot_s=[o.metrics.tpot for o in outs if o.metrics.tpot is not None],
             num_steps=len(steps),
+            flops=sum(s.flops for s in steps),
         )
 
 

@@ -82,6 +82,10 @@ def format_throughput(summary: dict[str, Any]) -> str:
             f"  {name:13s} output {_med(f['output_tok_s']):8.1f} tok/s, total {_med(f['total_tok_s']):8.1f} tok/s,"
             f" wall {_med(f['wall_s']):6.1f} s, generated/requested {_fmt(f['generated_per_requested'])}"
         )
+        if f.get("achieved_flops_per_s") is not None:
+            frac = f.get("compute_roof_fraction")
+            lines.append(f"  {'':13s} {_med(f['achieved_flops_per_s']) / 1e9:.1f} GFLOP/s counted"
+                         + (f" = {frac:.0%} of the dtype's matmul roof" if frac is not None else ""))
         ttft, tpot = f["ttft_s"], f["tpot_s"]
         lines.append(
             f"  {'':13s} TTFT p50/p90/p99 {_fmt(ttft['p50'])}/{_fmt(ttft['p90'])}/{_fmt(ttft['p99'])} s,"

@@ -57,7 +57,8 @@ def throughput_report(
     before = probe_machine_state()
     runs = measure_throughput(subjects, workload, cfg.vocab_size, repeats, warmup, log, settle)
     after = probe_machine_state()
-    summary = summarize_throughput(runs)
+    name = str(dtype).removeprefix("torch.")
+    summary = summarize_throughput(runs, compute_roof=roofs.flops_per_s(name) if roofs and name in roofs.matmul else None)
     report = build_report(
         "throughput", **_context(roofs, device),
         machine_state={"before": before.to_dict(), "after": after.to_dict()},

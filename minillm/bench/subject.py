@@ -37,6 +37,7 @@ class BatchRun:
     ttft_s: list[float] = field(default_factory=list)  # per request
     tpot_s: list[float] = field(default_factory=list)  # per request with >= 2 output tokens
     num_steps: int | None = None
+    flops: float | None = None  # the engine's analytic FLOPs over the run (its trace), when the subject counts them
 
 
 class Subject(Protocol):

@@ -44,4 +44,8 @@ def target(spec: tuple[str, str, float], value: float | None) -> Target:
     return Target(name, description, threshold, value)
 THROUGHPUT_VS_LLAMA_CPP = ("throughput_vs_llama_cpp",
                            "output tok/s on the workload, minillm / llama.cpp batched (its faster repack setting)", 3.0)
+# issue 20: the engine's counted FLOPs over the wall time, against the roof of the dtype it ran in
+THROUGHPUT_COMPUTE_ROOF = ("throughput_compute_roof_fraction",
+                           "FLOP/s over the whole workload (the trace's analytic FLOPs / wall), as a fraction of "
+                           "the measured matmul roof of the dtype used", 0.6)
 PREFIX_TTFT_CUT = ("prefix_ttft_cut", "TTFT without / with prefix caching, ~1k-token shared prefix", 5.0)

@@ -13,7 +13,8 @@ from typing import Any, Callable, Sequence
 from minillm.roofline.machine_state import MachineState, settle
 from minillm.bench.stats import figure, paired_ratio, percentiles, ratio
 from minillm.bench.subject import BatchRun, Subject
-from minillm.bench.targets import THROUGHPUT_VS_LLAMA_CPP, THROUGHPUT_VS_TRANSFORMERS, Target, target
+from minillm.bench.targets import (THROUGHPUT_COMPUTE_ROOF, THROUGHPUT_VS_LLAMA_CPP, THROUGHPUT_VS_TRANSFORMERS,
+                                   Target, target)
 from minillm.bench.workload import ThroughputWorkload
 
 Log = Callable[[str], None]
@@ -28,7 +29,10 @@ class SubjectThroughput:
         rs = self.runs
         ttft = [t for r in rs for t in r.ttft_s]
         tpot = [t for r in rs for t in r.tpot_s]
+        counted = rs and all(r.flops is not None for r in rs)
         return {
+            # only for a subject that counts its FLOPs (minillm's trace); peers do the same work or more
+            "achieved_flops_per_s": figure("FLOP/s", [r.flops / r.wall_s for r in rs]) if counted else None,
             "output_tok_s": figure("tok/s", [r.output_tokens / r.wall_s for r in rs]),
             "total_tok_s": figure("tok/s", [(r.prompt_tokens + r.output_tokens) / r.wall_s for r in rs]),
             "wall_s": figure("s", [r.wall_s for r in rs]),
@@ -66,9 +70,16 @@ def measure_throughput(
     return runs
 
 
-def summarize_throughput(runs: dict[str, SubjectThroughput], baseline: str = "minillm") -> dict[str, Any]:
+def summarize_throughput(runs: dict[str, SubjectThroughput], baseline: str = "minillm",
+                         compute_roof: float | None = None) -> dict[str, Any]:
+    """Figures, ratios over each peer, and the targets; compute_roof (FLOP/s of the dtype used) turns the
+    baseline's counted FLOP/s into a fraction of the machine's measured matmul roof."""
     figures = {name: sub.figures() for name, sub in runs.items()}
     base = figures.get(baseline)
+    achieved = base.get("achieved_flops_per_s") if base else None
+    roof_fraction = achieved.median / compute_roof if achieved is not None and compute_roof else None
+    if base is not None:
+        base["compute_roof_fraction"] = roof_fraction
     ratios = {
         name: {"output_tok_s": ratio(base["output_tok_s"].median, f["output_tok_s"].median),
                "total_tok_s": ratio(base["total_tok_s"].median, f["total_tok_s"].median),
@@ -80,5 +91,6 @@ def summarize_throughput(runs: dict[str, SubjectThroughput], baseline: str = "mi
     # transformers may run at several static batch sizes (transformers-bN): the target is against its best
     vs_hf = [r["output_tok_s"] for name, r in ratios.items() if name.startswith("transformers") and r["output_tok_s"]]
     targets: list[Target] = [target(THROUGHPUT_VS_TRANSFORMERS, min(vs_hf) if vs_hf else None),
-                             target(THROUGHPUT_VS_LLAMA_CPP, min(vs_llama) if vs_llama else None)]
+                             target(THROUGHPUT_VS_LLAMA_CPP, min(vs_llama) if vs_llama else None),
+                             target(THROUGHPUT_COMPUTE_ROOF, roof_fraction)]
     return {"figures": figures, "ratios": ratios, "targets": targets}
