@@ -31,8 +31,11 @@ import torch
 SOURCE = Path(__file__).with_name("cpu") / "gguf_matmul.cpp"
 TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # ggml type ids
 BLOCK = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210),  # id -> (weights, bytes)
-         1012: (256, 148)}  # Q4_Kx8: our 8-row interleaved Q4_K (1184 bytes per 8 rows and super-block)
+         1012: (256, 148),  # Q4_Kx8: our 8-row interleaved Q4_K (1184 bytes per 8 rows and super-block)
+         1003: (32, 20)}  # Q4_1x8: our 8-row interleaved Q4_1 (160 bytes per 8 rows and block of 32)
 Q4_KX8 = 1012
+Q4_1X8 = 1003
+INTERLEAVED = (Q4_KX8, Q4_1X8)
 
 
 class GGUFKernelUnavailable(RuntimeError):
@@ -165,6 +168,41 @@ def unpack_q4k_x8(packed: torch.Tensor, rows: int, in_features: int) -> torch.Te
     codes = x[..., 160:].reshape(g, nb, 4, 8, 8, 4).permute(0, 1, 4, 2, 3, 5).reshape(g, nb, 8, 128)
     blocks = torch.cat([d, dmin, q4k_pack_scale_min(sc, mn), codes], dim=-1)  # [g, nb, 8, 144]
     return blocks.transpose(1, 2).reshape(rows, nb * 144).contiguous()
+
+
+def repack_q4_1_x8(raw: torch.Tensor, type_name: str = "Q4_1") -> torch.Tensor:
+    """Q4_1 (or Q4_0) rows uint8 [N, nb * 20 (18)] (N % 8 == 0) -> the Q4_1X8 layout of
+    kernels/cpu/gguf_matmul.cpp, flat: per group of 8 rows and block of 32, d[8], m[8] (fp16), then the
+    codes as [step 4][row 8][4 bytes], so one 32-byte load holds 4 code bytes of each of 8 rows.
+
+    Q4_0's w = d (q - 8) becomes Q4_1's w = d q + m with m = -8 d, exact in fp16 (a power-of-two
+    multiple), so both file types share one kernel."""
+    n = raw.shape[0]
+    if n % 8:
+        raise ValueError(f"Q4_1x8 needs a multiple of 8 rows, got {n}")
+    per = {"Q4_1": 20, "Q4_0": 18}[type_name]
+    blocks = raw.reshape(n // 8, 8, -1, per).transpose(1, 2)  # [groups, nb, 8 rows, per]
+    g, nb = blocks.shape[:2]
+    d = blocks[..., 0:2].contiguous()
+    if type_name == "Q4_1":
+        m, codes = blocks[..., 2:4].contiguous(), blocks[..., 4:20]
+    else:
+        m = (d.view(torch.float16) * -8).view(torch.uint8)
+        codes = blocks[..., 2:18]
+    codes = codes.reshape(g, nb, 8, 4, 4).transpose(2, 3)  # [g, nb, step, row, 4]
+    parts = (d, m, codes)
+    return torch.cat([p.reshape(g, nb, -1) for p in parts], dim=-1).reshape(-1).contiguous()
+
+
+def unpack_q4_1_x8(packed: torch.Tensor, rows: int, in_features: int) -> torch.Tensor:
+    """The inverse of repack_q4_1_x8, as Q4_1 rows uint8 [rows, nb * 20] (a Q4_0 source comes back as
+    the equal Q4_1 blocks)."""
+    g, nb = rows // 8, in_features // 32
+    x = packed.reshape(g, nb, 160)
+    d, m = x[..., 0:16].reshape(g, nb, 8, 2), x[..., 16:32].reshape(g, nb, 8, 2)
+    codes = x[..., 32:].reshape(g, nb, 4, 8, 4).transpose(2, 3).reshape(g, nb, 8, 16)
+    blocks = torch.cat([d, m, codes], dim=-1)  # [g, nb, 8, 20]
+    return blocks.transpose(1, 2).reshape(rows, nb * 20).contiguous()
 
 
 # torch.compile traces through fake tensors: declare each op's output shapes

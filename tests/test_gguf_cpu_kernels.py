@@ -109,14 +109,25 @@ def test_bad_shapes_are_clear_errors():
 _CHILD = """
 import json, sys, numpy as np, torch
 sys.path.insert(0, {root!r})
-from tests.test_gguf_cpu_kernels import TYPES, _matmul, random_blocks
+from tests.test_gguf_cpu_kernels import TYPES, _interleaved_products, _matmul, random_blocks
 from minillm.kernels import gguf_cpu
 out = {{"isa": gguf_cpu.load().isa()}}
 x = torch.randn(2, 512, generator=torch.Generator().manual_seed(5))
 for t in TYPES:
     out[t] = _matmul(x, random_blocks(t, 24, 512, seed=6), t).tolist()
+if out["isa"] != "portable":  # the interleaved layouts are AVX2 code
+    out["x8"] = _interleaved_products(x)
 print(json.dumps(out))
 """
+
+
+def _interleaved_products(x: torch.Tensor) -> dict[str, list]:
+    """linear() on the Q4_Kx8 and Q4_1x8 layouts of fixed random blocks (the builds are compared on them)."""
+    ops = gguf_cpu.load()
+    q4k = gguf_cpu.repack_q4k_x8(torch.from_numpy(random_blocks("Q4_K", 24, 512, seed=6)))
+    q41 = gguf_cpu.repack_q4_1_x8(torch.from_numpy(random_blocks("Q4_1", 24, 512, seed=6)))
+    return {"Q4_KX8": ops.linear(x, [q4k], [gguf_cpu.Q4_KX8], None).tolist(),
+            "Q4_1X8": ops.linear(x, [q41], [gguf_cpu.Q4_1X8], None).tolist()}
 
 
 @pytest.mark.slow  # two extra builds of the kernels (~20 s each, cached afterwards)
@@ -137,6 +148,11 @@ def test_avx2_and_portable_builds_agree_with_this_build(capability, isa):
     for t in TYPES:
         mine = _matmul(x, random_blocks(t, 24, 512, seed=6), t)
         torch.testing.assert_close(torch.tensor(child[t]), mine, rtol=1e-5, atol=1e-5 * mine.abs().max().item())
+    if isa != "portable" and gguf_cpu.load().isa() != "portable":
+        for name, mine in _interleaved_products(x).items():
+            mine = torch.tensor(mine)
+            torch.testing.assert_close(torch.tensor(child["x8"][name]), mine, rtol=1e-5,
+                                       atol=1e-5 * mine.abs().max().item())
 
 
 @pytest.mark.parametrize("types", [["Q4_K", "Q4_K", "Q6_K"], ["Q5_0", "Q8_0"], ["Q6_K", "Q4_1"]])
@@ -173,6 +189,41 @@ def test_the_interleaved_q4k_layout_round_trips_and_multiplies_like_the_files():
     torch.testing.assert_close(batch, alone, rtol=0, atol=0)
     with pytest.raises(ValueError, match="multiple of 8"):
         gguf_cpu.repack_q4k_x8(raw[:12])
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_0"])
+def test_the_interleaved_q4_1_layout_round_trips_and_multiplies_like_the_files(type_name):
+    """Q4_1x8 (8 rows interleaved; Q4_0 enters as Q4_1 with m = -8 d): the same weights, and the same
+    products as the file type's row-by-row kernel to float rounding, within ACT_TOL of x @ dequant(W).T."""
+    raw_np = random_blocks(type_name, 48, 768, seed=11)
+    raw = torch.from_numpy(raw_np)
+    packed = gguf_cpu.repack_q4_1_x8(raw, type_name)
+    assert packed.numel() == 48 * 768 // 32 * 20  # Q4_1's bytes: the layout adds nothing
+    back = gguf_cpu.unpack_q4_1_x8(packed, 48, 768)
+    if type_name == "Q4_1":
+        assert torch.equal(back, raw)
+    ops = gguf_cpu.load()
+    # the unpacked blocks stand for exactly the file's weights (Q4_0's offset moved into an exact min)
+    torch.testing.assert_close(ops.dequantize(back.reshape(-1).contiguous(), gguf_cpu.TYPE_IDS["Q4_1"], 48, 768),
+                               _ref(type_name, raw_np, 768), rtol=0, atol=0)
+    if ops.isa() == "portable":
+        pytest.skip("the interleaved kernel is AVX2 code")
+    x = torch.randn(6, 768, generator=torch.Generator().manual_seed(12))
+    want = ops.linear(x, [raw.reshape(-1).contiguous()], [gguf_cpu.TYPE_IDS[type_name]], None)
+    got = ops.linear(x, [packed], [gguf_cpu.Q4_1X8], None)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    ref = x @ _ref(type_name, raw_np, 768).T
+    assert (got - ref).norm() / ref.norm() < ACT_TOL
+    x9 = torch.randn(9, 768, generator=torch.Generator().manual_seed(13))
+    batch = ops.linear(x9, [packed], [gguf_cpu.Q4_1X8], None)
+    alone = torch.cat([ops.linear(x9[i : i + 1], [packed], [gguf_cpu.Q4_1X8], None) for i in range(9)])
+    torch.testing.assert_close(batch, alone, rtol=0, atol=0)
+    # stacked with a row-by-row part in one call (a fused layer whose parts differ)
+    q8 = torch.from_numpy(random_blocks("Q8_0", 16, 768, seed=14)).reshape(-1).contiguous()
+    both = ops.linear(x, [packed, q8], [gguf_cpu.Q4_1X8, gguf_cpu.TYPE_IDS["Q8_0"]], None)
+    torch.testing.assert_close(both[:, :48], got, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gguf_cpu.repack_q4_1_x8(raw[:12], type_name)
 
 
 @pytest.mark.default_model

@@ -59,6 +59,10 @@ constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14;
 // and super-block, 1184 bytes = fp16 d[8], dmin[8]; uint8 sc[8 sub-blocks][8 rows], m[8][8]; then the
 // codes as [chunk 4][step 8][row 8][4 bytes], so one 32-byte load holds 4 bytes of each of 8 rows
 constexpr int64_t Q4_KX8 = 1012;
+// Q4_1 with 8 rows interleaved (kernels/gguf_cpu.py repack_q4_1_x8; Q4_0 goes there too, its offset -8 d
+// written as the min): per 8 rows and block of 32, 160 bytes = fp16 d[8], m[8]; then the codes as
+// [step 4][row 8][4 bytes] -- the same 20 bytes per row and block as Q4_1
+constexpr int64_t Q4_1X8 = 1003;
 
 inline float fp16(const uint8_t* p) {
   uint16_t bits;
@@ -70,6 +74,7 @@ inline float fp16(const uint8_t* p) {
 #endif
 }
 
+inline bool interleaved(int64_t t) { return t == Q4_KX8 || t == Q4_1X8; }
 inline bool k_quant(int64_t t) { return t == Q4_K || t == Q6_K || t == Q4_KX8; }
 int64_t block_weights(int64_t t) { return k_quant(t) ? 256 : 32; }
 
@@ -82,6 +87,7 @@ int64_t block_bytes(int64_t t) {
     case Q4_K: return 144;
     case Q6_K: return 210;
     case Q4_KX8: return 148;  // 1184 / 8: per row and super-block
+    case Q4_1X8: return 20;   // 160 / 8: per row and block of 32
   }
   TORCH_CHECK(false, "minillm_gguf: unsupported GGUF type id ", t);
 }
@@ -486,6 +492,38 @@ void dot_q4k_x8(const uint8_t* w, const Act* a, int64_t k, float* out) {
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
 
+// 8 rows of Q4_1X8 against R activation rows (out[r * 8 + i]): per block, 4 loads of 32 bytes carry
+// the 16 code bytes of each of the 8 rows; the lanes of one register hold the 8 rows' integer sums,
+// and the 8 scales and mins are applied with one vector op each (the row-by-row kernel spends two
+// scalar fp16 conversions and a scalar multiply-add per row and block).
+template <int R>
+void dot_q4_1_x8(const uint8_t* w, const Act* a, int64_t k, float* out) {
+  const int64_t nb = k / 32;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += 160) {
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+    for (int t = 0; t < 4; ++t) {
+      const __m256i q = load32(w + 32 + 32 * t);
+      const __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = a[r].q + b * 32 + 4 * t;  // low nibbles: elements 4t..4t+3, high: 16 + 4t..
+        sumi[r] = dot_acc(sumi[r], lo, _mm256_set1_epi32(load4(x)));
+        sumi[r] = dot_acc(sumi[r], hi, _mm256_set1_epi32(load4(x + 16)));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(d, _mm256_set1_ps(a[r].d[b])), acc[r]);
+      acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a[r].xs[b]), acc[r]);  // m times the block's sum of x
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
 template <int R>
 void dot_rows_simd(int64_t t, const uint8_t* w, const Act* a, int64_t k, float* out) {
   if (t == Q4_K) dot_q4k<R>(w, a, k, out);
@@ -566,17 +604,23 @@ inline void row_times_acts(int64_t t, const uint8_t* row, const QuantizedActs& x
 #if defined(__AVX2__)
 // 8 interleaved rows against every activation row, X8_TILE activation rows per pass
 constexpr int X8_TILE = 4;
-void q4k_x8_times_acts(const uint8_t* w, const QuantizedActs& x, float* out, int64_t ldo) {
+template <int R>
+void dot_x8(int64_t t, const uint8_t* w, const Act* a, int64_t k, float* out) {
+  if (t == Q4_KX8) dot_q4k_x8<R>(w, a, k, out);
+  else dot_q4_1_x8<R>(w, a, k, out);
+}
+
+void x8_times_acts(int64_t t, const uint8_t* w, const QuantizedActs& x, float* out, int64_t ldo) {
   Act a[X8_TILE];
   float res[8 * X8_TILE];
   for (int64_t r0 = 0; r0 < x.m; r0 += X8_TILE) {
     const int rows = static_cast<int>(std::min<int64_t>(X8_TILE, x.m - r0));
     for (int r = 0; r < rows; ++r) a[r] = x.row(r0 + r);
     switch (rows) {
-      case 1: dot_q4k_x8<1>(w, a, x.k, res); break;
-      case 2: dot_q4k_x8<2>(w, a, x.k, res); break;
-      case 3: dot_q4k_x8<3>(w, a, x.k, res); break;
-      default: dot_q4k_x8<4>(w, a, x.k, res); break;
+      case 1: dot_x8<1>(t, w, a, x.k, res); break;
+      case 2: dot_x8<2>(t, w, a, x.k, res); break;
+      case 3: dot_x8<3>(t, w, a, x.k, res); break;
+      default: dot_x8<4>(t, w, a, x.k, res); break;
     }
     for (int r = 0; r < rows; ++r)
       for (int i = 0; i < 8; ++i) out[(r0 + r) * ldo + i] = res[8 * r + i];
@@ -592,7 +636,7 @@ QuantizedActs view(const at::Tensor& q, const at::Tensor& xd, const at::Tensor& 
 
 at::Tensor qmatmul(const at::Tensor& q, const at::Tensor& xd, const at::Tensor& bs, const at::Tensor& xs,
                    const at::Tensor& w, int64_t t, int64_t n, bool portable) {
-  TORCH_CHECK(t != Q4_KX8, "minillm_gguf: the interleaved Q4_K layout runs through linear() only");
+  TORCH_CHECK(!interleaved(t), "minillm_gguf: the interleaved layouts run through linear() only");
   const int64_t m = q.size(0), k = q.size(1);
   check_weight(w, t, n, k);
   TORCH_CHECK(xd.size(1) * block_weights(t) == k, "minillm_gguf: type id ", t, " needs activations quantized in blocks of ",
@@ -623,9 +667,10 @@ at::Tensor linear(const at::Tensor& x_in, at::TensorList blocks, at::IntArrayRef
                 " holds ", blocks[p].numel(), " bytes, not whole rows of ", k, " weights of type id ", types[p]);
     check_weight(blocks[p], types[p], blocks[p].numel() / rb, k);
 #if !defined(__AVX2__)
-    TORCH_CHECK(types[p] != Q4_KX8, "minillm_gguf: the interleaved Q4_K layout needs the AVX2 build");
+    TORCH_CHECK(!interleaved(types[p]), "minillm_gguf: the interleaved layouts need the AVX2 build");
 #endif
-    TORCH_CHECK(types[p] != Q4_KX8 || (blocks[p].numel() / rb) % 8 == 0, "minillm_gguf: Q4_KX8 needs rows % 8 == 0");
+    TORCH_CHECK(!interleaved(types[p]) || (blocks[p].numel() / rb) % 8 == 0,
+                "minillm_gguf: an interleaved layout needs rows % 8 == 0");
     row_bytes.push_back(rb);
     first_row.push_back(first_row.back() + blocks[p].numel() / rb);
   }
@@ -646,10 +691,10 @@ at::Tensor linear(const at::Tensor& x_in, at::TensorList blocks, at::IntArrayRef
       size_t p = 0;
       while (j >= first_row[p + 1]) ++p;
       const uint8_t* row = blocks[p].data_ptr<uint8_t>() + (j - first_row[p]) * row_bytes[p];
-      if (types[p] == Q4_KX8) {  // 8 rows at once, by whichever chunk holds the group's first row
+      if (interleaved(types[p])) {  // 8 rows at once, by whichever chunk holds the group's first row
 #if defined(__AVX2__)
         if ((j - first_row[p]) % 8 != 0) continue;
-        q4k_x8_times_acts(row, xq256, po + j, n);
+        x8_times_acts(types[p], row, k_quant(types[p]) ? xq256 : xq32, po + j, n);
         continue;
 #endif
       }
@@ -661,7 +706,7 @@ at::Tensor linear(const at::Tensor& x_in, at::TensorList blocks, at::IntArrayRef
 }
 
 at::Tensor dequantize(const at::Tensor& w, int64_t t, int64_t n, int64_t k) {
-  TORCH_CHECK(t != Q4_KX8, "minillm_gguf: dequantize the file's Q4_K layout (gguf_cpu.unpack_q4k_x8 first)");
+  TORCH_CHECK(!interleaved(t), "minillm_gguf: dequantize the file's layout (gguf_cpu.unpack_q4k_x8 / unpack_q4_1_x8 first)");
   check_weight(w, t, n, k);
   at::Tensor out = at::empty({n, k}, at::TensorOptions().dtype(at::kFloat));
   const uint8_t* pw = w.data_ptr<uint8_t>();

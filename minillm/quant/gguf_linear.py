@@ -47,7 +47,7 @@ class GGUFLinear(nn.Module):
         simd = gguf_cpu.load().isa() != "portable"  # GGUFKernelUnavailable when this machine cannot build them
         self.in_features = in_features
         self.parts: list[GGUFPart] = []
-        self.type_ids: list[int] = []  # what the kernel is told: a file type, or our interleaved Q4_Kx8
+        self.type_ids: list[int] = []  # what the kernel is told: a file type, or our interleaved Q4_Kx8 / Q4_1x8
         for i, (type_name, raw) in enumerate(parts):
             if type_name not in gguf_cpu.TYPE_IDS:
                 raise ValueError(f"GGUFLinear: {type_name} blocks have no kernel (supported: {sorted(gguf_cpu.TYPE_IDS)})")
@@ -62,6 +62,10 @@ class GGUFLinear(nn.Module):
                 # (1.6x the single-thread speed of the row-by-row kernel, measured; same bytes + 2.8%).
                 # Not Q6_K: the same scheme measured 14.4 vs 26.0 GB/s there (its row kernel is faster).
                 blocks, type_id = gguf_cpu.repack_q4k_x8(blocks), gguf_cpu.Q4_KX8
+            elif type_name in ("Q4_1", "Q4_0") and part.rows % 8 == 0 and simd:
+                # the same for the 32-weight 4-bit types (Q4_0 as Q4_1 with m = -8 d): the row kernel spent
+                # two scalar fp16 conversions and a scalar multiply-add per row and block
+                blocks, type_id = gguf_cpu.repack_q4_1_x8(blocks, type_name), gguf_cpu.Q4_1X8
             self.register_buffer(f"blocks{i}", blocks.reshape(-1).contiguous())
             self.type_ids.append(type_id)
         self.out_features = sum(p.rows for p in self.parts)
@@ -80,9 +84,12 @@ class GGUFLinear(nn.Module):
         out = []
         for i, (p, tid) in enumerate(zip(self.parts, self.type_ids)):
             raw = getattr(self, f"blocks{i}")
+            file_type = p.type_id
             if tid == gguf_cpu.Q4_KX8:
                 raw = gguf_cpu.unpack_q4k_x8(raw, p.rows, self.in_features).reshape(-1)
-            out.append(torch.ops.minillm_gguf.dequantize(raw, p.type_id, p.rows, self.in_features))
+            elif tid == gguf_cpu.Q4_1X8:  # comes back as Q4_1 blocks, whether the file held Q4_1 or Q4_0
+                raw, file_type = gguf_cpu.unpack_q4_1_x8(raw, p.rows, self.in_features).reshape(-1), gguf_cpu.TYPE_IDS["Q4_1"]
+            out.append(torch.ops.minillm_gguf.dequantize(raw, file_type, p.rows, self.in_features))
         return torch.cat(out)
 
     def extra_repr(self) -> str:
