@@ -74,6 +74,18 @@ inline float fp16(const uint8_t* p) {
 #endif
 }
 
+// Software prefetch distance for the streaming kernels: a layer is a short run of rows read once per
+// token, too short for the hardware prefetcher to ramp up. 2560 bytes ahead measured best of 640 /
+// 1280 / 2560 / 5120 (the default model's 120 Q4_1x8 layers at batch 1, 2 threads: 3.94 -> 3.45 ms).
+constexpr int64_t PREFETCH_BYTES = 2560;
+inline void prefetch_lines(const uint8_t* p, int lines) {
+#if defined(__GNUC__)
+  for (int i = 0; i < lines; ++i) __builtin_prefetch(p + 64 * i, 0, 3);  // read, keep in every cache level
+#else
+  (void)p, (void)lines;
+#endif
+}
+
 inline bool interleaved(int64_t t) { return t == Q4_KX8 || t == Q4_1X8; }
 inline bool k_quant(int64_t t) { return t == Q4_K || t == Q6_K || t == Q4_KX8; }
 int64_t block_weights(int64_t t) { return k_quant(t) ? 256 : 32; }
@@ -392,6 +404,7 @@ void dot_q6k(const uint8_t* w, const Act* a, int64_t k, float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += 210) {
+    prefetch_lines(w + PREFETCH_BYTES, 4);  // 210 bytes per block
     const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
     const float d = fp16(w + 208);
     __m256i sumi[R];
@@ -457,6 +470,7 @@ void dot_q4k_x8(const uint8_t* w, const Act* a, int64_t k, float* out) {
     for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
     const uint8_t* qs = w + 160;
     for (int c = 0; c < 4; ++c) {
+      prefetch_lines(w + PREFETCH_BYTES + 296 * c, 5);  // 1184 bytes per super-block, a quarter per chunk
       __m256i lo_acc[R], hi_acc[R];
       for (int r = 0; r < R; ++r) lo_acc[r] = hi_acc[r] = _mm256_setzero_si256();
       for (int t = 0; t < 8; ++t) {
@@ -503,6 +517,8 @@ void dot_q4_1_x8(const uint8_t* w, const Act* a, int64_t k, float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += 160) {
+    // the next groups' bytes, a few blocks ahead: each call streams a short run of rows from memory
+    prefetch_lines(w + PREFETCH_BYTES, 3);  // 160 bytes per block
     __m256i sumi[R];
     for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
     for (int t = 0; t < 4; ++t) {
