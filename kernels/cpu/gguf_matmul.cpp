@@ -325,6 +325,7 @@ void dot_blocks32(int64_t t, const uint8_t* w, const Act* a, int64_t k, float* o
   float corr[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), corr[r] = 0.f;
   for (int64_t b = 0; b < nb; ++b, w += bb) {
+    prefetch_lines(w + PREFETCH_BYTES, 1);  // <= 34 bytes per block: a line every other block or so
     const float d = fp16(w);
     if (t == Q8_0) {
       const __m256i q = load32(w + 2), uq = _mm256_sign_epi8(q, q);
