@@ -18,6 +18,8 @@
 //                                                      w = d sc_j q - dmin m_j  (sub-block j of 32)
 //   Q6_K (14) 256 w, 210 B: 128 B low nibbles, 64 B high 2 bits, 16 int8 scales, fp16 d
 //                                                      w = d sc_i (q - 32)      (sub-block i of 16)
+// Our interleaved layouts (built at load by kernels/gguf_cpu.py, not file types): Q4_KX8 (1012) and
+// Q4_1X8 (1003) hold 8 rows' blocks side by side so one register's lanes carry 8 rows' dot products.
 // Nibble order: Q4_0/1 and Q5_0 hold elements 0..15 in the low nibbles and 16..31 in
 // the high ones; Q4_K's 32-byte chunk c holds sub-block 2c low and 2c+1 high.
 //
