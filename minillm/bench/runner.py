@@ -37,7 +37,6 @@ def latency_report(
     after = probe_machine_state()
     summary = summarize_latency(runs, workload, cfg, dtype, roofs.bandwidth_bytes_per_s if roofs else None,
                                 quantized=settings.get("quantization") is not None,
-                                read_bandwidth=roofs.read_bandwidth.best if roofs else None,
                                 compiled=bool(settings.get("compile")))
     report = build_report(
         "latency", **_context(roofs, device),
