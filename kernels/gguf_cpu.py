@@ -32,10 +32,12 @@ SOURCE = Path(__file__).with_name("cpu") / "gguf_matmul.cpp"
 TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # ggml type ids
 BLOCK = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210),  # id -> (weights, bytes)
          1012: (256, 148),  # Q4_Kx8: our 8-row interleaved Q4_K (1184 bytes per 8 rows and super-block)
-         1003: (32, 20)}  # Q4_1x8: our 8-row interleaved Q4_1 (160 bytes per 8 rows and block of 32)
+         1003: (32, 20),  # Q4_1x8: our 8-row interleaved Q4_1 (160 bytes per 8 rows and block of 32)
+         1008: (32, 34)}  # Q8_0x8: our 8-row interleaved Q8_0 (272 bytes per 8 rows and block of 32)
 Q4_KX8 = 1012
 Q4_1X8 = 1003
-INTERLEAVED = (Q4_KX8, Q4_1X8)
+Q8_0X8 = 1008
+INTERLEAVED = (Q4_KX8, Q4_1X8, Q8_0X8)
 
 
 class GGUFKernelUnavailable(RuntimeError):
@@ -203,6 +205,27 @@ def unpack_q4_1_x8(packed: torch.Tensor, rows: int, in_features: int) -> torch.T
     codes = x[..., 32:].reshape(g, nb, 4, 8, 4).transpose(2, 3).reshape(g, nb, 8, 16)
     blocks = torch.cat([d, m, codes], dim=-1)  # [g, nb, 8, 20]
     return blocks.transpose(1, 2).reshape(rows, nb * 20).contiguous()
+
+
+def repack_q8_0_x8(raw: torch.Tensor) -> torch.Tensor:
+    """Q8_0 rows uint8 [N, nb * 34] (N % 8 == 0) -> the Q8_0X8 layout, flat: per group of 8 rows and
+    block of 32, d[8] (fp16), then the codes as [step 8][row 8][4 bytes]."""
+    n = raw.shape[0]
+    if n % 8:
+        raise ValueError(f"Q8_0x8 needs a multiple of 8 rows, got {n}")
+    blocks = raw.reshape(n // 8, 8, -1, 34).transpose(1, 2)  # [groups, nb, 8 rows, 34]
+    g, nb = blocks.shape[:2]
+    codes = blocks[..., 2:34].reshape(g, nb, 8, 8, 4).transpose(2, 3)  # [g, nb, step, row, 4]
+    return torch.cat([blocks[..., 0:2].reshape(g, nb, 16), codes.reshape(g, nb, 256)], dim=-1).reshape(-1).contiguous()
+
+
+def unpack_q8_0_x8(packed: torch.Tensor, rows: int, in_features: int) -> torch.Tensor:
+    """The inverse of repack_q8_0_x8: the file's Q8_0 rows uint8 [rows, nb * 34]."""
+    g, nb = rows // 8, in_features // 32
+    x = packed.reshape(g, nb, 272)
+    d = x[..., 0:16].reshape(g, nb, 8, 2)
+    codes = x[..., 16:].reshape(g, nb, 8, 8, 4).transpose(2, 3).reshape(g, nb, 8, 32)
+    return torch.cat([d, codes], dim=-1).transpose(1, 2).reshape(rows, nb * 34).contiguous()
 
 
 # torch.compile traces through fake tensors: declare each op's output shapes

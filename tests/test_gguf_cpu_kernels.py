@@ -126,8 +126,10 @@ def _interleaved_products(x: torch.Tensor) -> dict[str, list]:
     ops = gguf_cpu.load()
     q4k = gguf_cpu.repack_q4k_x8(torch.from_numpy(random_blocks("Q4_K", 24, 512, seed=6)))
     q41 = gguf_cpu.repack_q4_1_x8(torch.from_numpy(random_blocks("Q4_1", 24, 512, seed=6)))
+    q80 = gguf_cpu.repack_q8_0_x8(torch.from_numpy(random_blocks("Q8_0", 24, 512, seed=6)))
     return {"Q4_KX8": ops.linear(x, [q4k], [gguf_cpu.Q4_KX8], None).tolist(),
-            "Q4_1X8": ops.linear(x, [q41], [gguf_cpu.Q4_1X8], None).tolist()}
+            "Q4_1X8": ops.linear(x, [q41], [gguf_cpu.Q4_1X8], None).tolist(),
+            "Q8_0X8": ops.linear(x, [q80], [gguf_cpu.Q8_0X8], None).tolist()}
 
 
 @pytest.mark.slow  # two extra builds of the kernels (~20 s each, cached afterwards)
@@ -224,6 +226,27 @@ def test_the_interleaved_q4_1_layout_round_trips_and_multiplies_like_the_files(t
     torch.testing.assert_close(both[:, :48], got, rtol=0, atol=0)
     with pytest.raises(ValueError, match="multiple of 8"):
         gguf_cpu.repack_q4_1_x8(raw[:12], type_name)
+
+
+def test_the_interleaved_q8_0_layout_round_trips_and_multiplies_like_the_files():
+    """Q8_0x8 (the default model's LM head, 8 rows interleaved): same bytes back, same products."""
+    raw = torch.from_numpy(random_blocks("Q8_0", 48, 768, seed=15))
+    packed = gguf_cpu.repack_q8_0_x8(raw)
+    assert packed.numel() == raw.numel()
+    assert torch.equal(gguf_cpu.unpack_q8_0_x8(packed, 48, 768), raw)
+    ops = gguf_cpu.load()
+    if ops.isa() == "portable":
+        pytest.skip("the interleaved kernel is AVX2 code")
+    x = torch.randn(6, 768, generator=torch.Generator().manual_seed(16))
+    want = ops.linear(x, [raw.reshape(-1).contiguous()], [gguf_cpu.TYPE_IDS["Q8_0"]], None)
+    got = ops.linear(x, [packed], [gguf_cpu.Q8_0X8], None)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    x9 = torch.randn(9, 768, generator=torch.Generator().manual_seed(17))
+    batch = ops.linear(x9, [packed], [gguf_cpu.Q8_0X8], None)
+    alone = torch.cat([ops.linear(x9[i : i + 1], [packed], [gguf_cpu.Q8_0X8], None) for i in range(9)])
+    torch.testing.assert_close(batch, alone, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gguf_cpu.repack_q8_0_x8(raw[:12])
 
 
 @pytest.mark.default_model

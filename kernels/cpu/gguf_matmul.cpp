@@ -19,7 +19,7 @@
 //   Q6_K (14) 256 w, 210 B: 128 B low nibbles, 64 B high 2 bits, 16 int8 scales, fp16 d
 //                                                      w = d sc_i (q - 32)      (sub-block i of 16)
 // Our interleaved layouts (built at load by kernels/gguf_cpu.py, not file types): Q4_KX8 (1012) and
-// Q4_1X8 (1003) hold 8 rows' blocks side by side so one register's lanes carry 8 rows' dot products.
+// Q4_1X8 (1003) and Q8_0X8 (1008) hold 8 rows' blocks side by side so one register's lanes carry 8 rows' dot products.
 // Nibble order: Q4_0/1 and Q5_0 hold elements 0..15 in the low nibbles and 16..31 in
 // the high ones; Q4_K's 32-byte chunk c holds sub-block 2c low and 2c+1 high.
 //
@@ -65,6 +65,9 @@ constexpr int64_t Q4_KX8 = 1012;
 // written as the min): per 8 rows and block of 32, 160 bytes = fp16 d[8], m[8]; then the codes as
 // [step 4][row 8][4 bytes] -- the same 20 bytes per row and block as Q4_1
 constexpr int64_t Q4_1X8 = 1003;
+// Q8_0 with 8 rows interleaved (repack_q8_0_x8): per 8 rows and block of 32, 272 bytes = fp16 d[8], then
+// the codes as [step 8][row 8][4 bytes] -- Q8_0's 34 bytes per row and block
+constexpr int64_t Q8_0X8 = 1008;
 
 inline float fp16(const uint8_t* p) {
   uint16_t bits;
@@ -88,7 +91,7 @@ inline void prefetch_lines(const uint8_t* p, int lines) {
 #endif
 }
 
-inline bool interleaved(int64_t t) { return t == Q4_KX8 || t == Q4_1X8; }
+inline bool interleaved(int64_t t) { return t == Q4_KX8 || t == Q4_1X8 || t == Q8_0X8; }
 inline bool k_quant(int64_t t) { return t == Q4_K || t == Q6_K || t == Q4_KX8; }
 int64_t block_weights(int64_t t) { return k_quant(t) ? 256 : 32; }
 
@@ -102,6 +105,7 @@ int64_t block_bytes(int64_t t) {
     case Q6_K: return 210;
     case Q4_KX8: return 148;  // 1184 / 8: per row and super-block
     case Q4_1X8: return 20;   // 160 / 8: per row and block of 32
+    case Q8_0X8: return 34;   // 272 / 8: per row and block of 32
   }
   TORCH_CHECK(false, "minillm_gguf: unsupported GGUF type id ", t);
 }
@@ -623,9 +627,33 @@ inline void row_times_acts(int64_t t, const uint8_t* row, const QuantizedActs& x
 #if defined(__AVX2__)
 // 8 interleaved rows against every activation row, X8_TILE activation rows per pass
 constexpr int X8_TILE = 4;
+// 8 rows of Q8_0X8 against R activation rows: 8 loads of 32 bytes per block carry the 32 signed codes of
+// each row; |q| . (x with q's sign) is the unsigned-by-signed product the dot instructions take.
+template <int R>
+void dot_q8_0_x8(const uint8_t* w, const Act* a, int64_t k, float* out) {
+  const int64_t nb = k / 32;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += 272) {
+    prefetch_lines(w + PREFETCH_BYTES, 5);  // 272 bytes per block
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+    for (int t = 0; t < 8; ++t) {
+      const __m256i q = load32(w + 16 + 32 * t), uq = _mm256_sign_epi8(q, q);
+      for (int r = 0; r < R; ++r)
+        sumi[r] = dot_acc(sumi[r], uq, _mm256_sign_epi8(_mm256_set1_epi32(load4(a[r].q + b * 32 + 4 * t)), q));
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(d, _mm256_set1_ps(a[r].d[b])), acc[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
 template <int R>
 void dot_x8(int64_t t, const uint8_t* w, const Act* a, int64_t k, float* out) {
   if (t == Q4_KX8) dot_q4k_x8<R>(w, a, k, out);
+  else if (t == Q8_0X8) dot_q8_0_x8<R>(w, a, k, out);
   else dot_q4_1_x8<R>(w, a, k, out);
 }
 

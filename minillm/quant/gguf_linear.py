@@ -66,6 +66,8 @@ class GGUFLinear(nn.Module):
                 # the same for the 32-weight 4-bit types (Q4_0 as Q4_1 with m = -8 d): the row kernel spent
                 # two scalar fp16 conversions and a scalar multiply-add per row and block
                 blocks, type_id = gguf_cpu.repack_q4_1_x8(blocks, type_name), gguf_cpu.Q4_1X8
+            elif type_name == "Q8_0" and part.rows % 8 == 0 and simd:  # e.g. the default model's LM head
+                blocks, type_id = gguf_cpu.repack_q8_0_x8(blocks), gguf_cpu.Q8_0X8
             self.register_buffer(f"blocks{i}", blocks.reshape(-1).contiguous())
             self.type_ids.append(type_id)
         self.out_features = sum(p.rows for p in self.parts)
@@ -87,6 +89,8 @@ class GGUFLinear(nn.Module):
             file_type = p.type_id
             if tid == gguf_cpu.Q4_KX8:
                 raw = gguf_cpu.unpack_q4k_x8(raw, p.rows, self.in_features).reshape(-1)
+            elif tid == gguf_cpu.Q8_0X8:
+                raw = gguf_cpu.unpack_q8_0_x8(raw, p.rows, self.in_features).reshape(-1)
             elif tid == gguf_cpu.Q4_1X8:  # comes back as Q4_1 blocks, whether the file held Q4_1 or Q4_0
                 raw, file_type = gguf_cpu.unpack_q4_1_x8(raw, p.rows, self.in_features).reshape(-1), gguf_cpu.TYPE_IDS["Q4_1"]
             out.append(torch.ops.minillm_gguf.dequantize(raw, file_type, p.rows, self.in_features))
