@@ -40,14 +40,22 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+NEAR_TIE = 0.5  # logits; the same bound test_spec_real_pair.py states for int8 activations
+
+
 @pytest.fixture(scope="module")
-def float_tokens():
-    return _greedy(LLM(max_num_seqs=8))
+def float_llm():
+    return LLM(max_num_seqs=8)
+
+
+@pytest.fixture(scope="module")
+def float_tokens(float_llm):
+    return _greedy(float_llm)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["int8", "gguf"])
-def test_quantized_greedy_output_stays_close_to_float(method, float_tokens):
+def test_quantized_greedy_output_stays_close_to_float(method, float_llm, float_tokens):
     llm = LLM(quantization=method, max_num_seqs=8)
     prompts, ref = float_tokens
     _, got = _greedy(llm)
@@ -59,4 +67,14 @@ def test_quantized_greedy_output_stays_close_to_float(method, float_tokens):
     # scales). Free-running greedy texts agree until a near-tie flips, then part ways for good
     # (int8: common prefixes of e.g. [19, 24, 24, 5, 2, 24]), so only the first tokens are compared.
     assert agree >= 0.95, agree
-    assert min(prefixes) >= 2 and sum(prefixes) >= 0.5 * 24 * len(PROMPTS), prefixes
+    assert sum(prefixes) >= 0.5 * 24 * len(PROMPTS), prefixes
+    # a text may part at its first tokens only where the float model itself nearly ties there: both
+    # quantizations move logits by a few tenths (gguf rounds every activation to int8, a step function,
+    # so even 1e-7 of float reordering in a kernel moves the last layer's logits by ~0.3 over 30 layers:
+    # "List three colors of the rainbow:" has a float top-2 gap of 0.10 at its first token)
+    from minillm.models.standalone import forward_logits
+
+    for p, r, n in zip(prompts, ref, prefixes):
+        if n < 2:
+            top2 = forward_logits(float_llm.engine.model, p + r[:n])[-1].topk(2).values
+            assert float(top2[0] - top2[1]) < NEAR_TIE, (n, float(top2[0] - top2[1]))
