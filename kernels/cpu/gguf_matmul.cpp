@@ -625,8 +625,6 @@ inline void row_times_acts(int64_t t, const uint8_t* row, const QuantizedActs& x
 }
 
 #if defined(__AVX2__)
-// 8 interleaved rows against every activation row, X8_TILE activation rows per pass
-constexpr int X8_TILE = 4;
 // 8 rows of Q8_0X8 against R activation rows: 8 loads of 32 bytes per block carry the 32 signed codes of
 // each row; |q| . (x with q's sign) is the unsigned-by-signed product the dot instructions take.
 template <int R>
@@ -657,6 +655,8 @@ void dot_x8(int64_t t, const uint8_t* w, const Act* a, int64_t k, float* out) {
   else dot_q4_1_x8<R>(w, a, k, out);
 }
 
+// 8 interleaved rows against every activation row, X8_TILE activation rows per pass
+constexpr int X8_TILE = 4;
 void x8_times_acts(int64_t t, const uint8_t* w, const QuantizedActs& x, float* out, int64_t ldo) {
   Act a[X8_TILE];
   float res[8 * X8_TILE];
