@@ -183,10 +183,17 @@ def add_shapes(mm: Measurement, device: torch.device, dtype: torch.dtype, shapes
     todo = [tuple(s) for s in shapes if shape_key(s) not in mm.params.get("shapes", {})]
     if not todo:
         return mm, False
-    more = measure_matmul(device, dtype, repeats=repeats, shapes=todo)
-    seen = {**mm.params.get("shapes", {}), **more.params["shapes"]}
-    best = more if more.best > mm.best else mm
-    return Measurement(best.unit, best.values, best.median, {**best.params, "shapes": seen}), True
+    return merged_matmul(mm, measure_matmul(device, dtype, repeats=repeats, shapes=todo)), True
+
+
+def merged_matmul(a: Measurement, b: Measurement) -> Measurement:
+    """One matmul roof from two measurements of it: the faster one's repeats, and every GEMM shape
+    either measured (a shape both measured keeps its faster figure)."""
+    shapes = dict(a.params.get("shapes", {}))
+    for key, flops in b.params.get("shapes", {}).items():
+        shapes[key] = max(flops, shapes.get(key, flops))
+    top = b if b.best > a.best else a
+    return Measurement(top.unit, top.values, top.median, {**top.params, "shapes": shapes})
 
 
 def measure_roofs(
@@ -219,13 +226,7 @@ def best_of(cached: Roofs, fresh: Roofs) -> Roofs:
     fresh run's."""
     matmul = dict(cached.matmul)
     for name, mm in fresh.matmul.items():
-        old = matmul.get(name)
-        if old is None:
-            matmul[name] = mm
-            continue
-        shapes = {**old.params.get("shapes", {}), **mm.params.get("shapes", {})}
-        top = mm if mm.best >= old.best else old
-        matmul[name] = Measurement(top.unit, top.values, top.median, {**top.params, "shapes": shapes})
+        matmul[name] = merged_matmul(matmul[name], mm) if name in matmul else mm
     read = max((cached.read_bandwidth, fresh.read_bandwidth), key=lambda m: m.best)
     copy = max((cached.copy_bandwidth, fresh.copy_bandwidth), key=lambda m: m.best)
     return Roofs(machine=fresh.machine, bandwidth=bandwidth_roof(copy, read), read_bandwidth=read,
