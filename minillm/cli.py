@@ -4,6 +4,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from minillm.engine.llm_engine import LLMEngine
+    from minillm.engine.outputs import RequestOutput
+    from minillm.sampling_params import SamplingParams
 
 DEMO_PROMPTS = [
     "What is the capital of France?",
@@ -128,6 +134,51 @@ def cmd_chat(a: argparse.Namespace) -> int:
         history.append({"role": "assistant", "content": "".join(reply)})
 
 
+def run_staggered(engine: "LLMEngine", prompts: list[str] | list[list[int]], params: "SamplingParams",
+                  on_finish: Callable[[], None] | None = None) -> tuple[list["RequestOutput"], list[list[int]]]:
+    """Serve prompts with the first arriving one step before the rest; outputs and prompt token ids in order.
+
+    A prefix-cache hit needs the shared blocks already computed and registered, which happens after
+    the step that computes them: requests admitted in the same step all miss, so a batch arriving
+    at once gets 0 hits however much it shares. One step ahead, the first request's prefill
+    registers the shared system prompt's full blocks and the others take them.
+    """
+    ids = [f"demo-{i}" for i in range(len(prompts))]
+    done: dict[str, RequestOutput] = {}
+
+    def step() -> None:
+        for out in engine.step():
+            if out.finished and out.request_id not in done:
+                done[out.request_id] = out
+                if on_finish is not None:
+                    on_finish()
+
+    token_ids: list[list[int]] = []
+    for i, (rid, prompt) in enumerate(zip(ids, prompts)):
+        if i == 1:
+            step()  # the first request's prefill: its full blocks enter the prefix cache
+        token_ids.append(engine.add_request(rid, prompt, params).prompt_token_ids)
+    while len(done) < len(ids):
+        step()
+    return [done[r] for r in ids], token_ids
+
+
+def prefix_note(token_ids: list[list[int]], block_size: int, enabled: bool) -> str:
+    """One summary line: how much of the prompts is shared and how much of that the cache can reuse."""
+    if not enabled:
+        return "shared prefix: not reused, prefix caching is off (--no-prefix-caching)"
+    if len(token_ids) < 2:
+        return "shared prefix: one request, nothing to share"
+    shared = 0
+    first = token_ids[0]
+    while shared < len(first) and all(len(t) > shared and t[shared] == first[shared] for t in token_ids):
+        shared += 1
+    whole = shared // block_size * block_size
+    return (f"shared prefix: {shared} leading tokens (template + system prompt), {whole} of them "
+            f"in whole {block_size}-token blocks the cache can reuse; request 1 arrives a step early so the rest "
+            f"find those blocks computed")
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
     from minillm.metrics import summarize
 
@@ -139,14 +190,26 @@ def cmd_demo(a: argparse.Namespace) -> int:
     llm = _make_llm(a)
     system = "You are a concise, helpful assistant. Answer in at most two sentences."
     convs = [[{"role": "system", "content": system}, {"role": "user", "content": p}] for p in DEMO_PROMPTS[: a.num_prompts]]
+    prompts = [llm.apply_chat_template(c) for c in convs]
+    bar = None
+    if not a.quiet and len(prompts) > 1:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(prompts), desc="requests", unit="req", dynamic_ncols=True)
     t0 = time.perf_counter()
-    outs = llm.chat(convs, _params(a), use_tqdm=not a.quiet)
+    try:
+        on_finish = (lambda: bar.update(1)) if bar is not None else None
+        outs, token_ids = run_staggered(llm.engine, prompts, _params(a), on_finish)
+    finally:
+        if bar is not None:
+            bar.close()
     wall = time.perf_counter() - t0
     for conv, out in zip(convs, outs):
         o = out.outputs[0]
         print(f"\n### {conv[-1]['content']}\n{o.text.strip()}  [{len(o.token_ids)} tokens, {o.finish_reason}]")
     print(f"\n--- summary ({len(outs)} requests through continuous batching in {wall:.2f} s) ---")
     print(llm.trace and summarize(llm.trace).format())
+    print(prefix_note(token_ids, llm.config.block_size, llm.config.enable_prefix_caching))
     if a.trace:
         from minillm.engine.trace import dump_trace
 

@@ -33,7 +33,7 @@ def test_the_cli_takes_several_batch_sizes():
 
     args = build_parser().parse_args(["throughput", "--compare", "transformers", "--hf-batch-size", "8", "16", "64"])
     assert args.hf_batch_size == [8, 16, 64]
-    assert build_parser().parse_args(["throughput"]).hf_batch_size == [32]
+    assert build_parser().parse_args(["throughput"]).hf_batch_size == [8, 16, 32, 64]  # swept by default (issue 16)
 
 
 def test_the_compute_roof_fraction_comes_from_the_counted_flops():

@@ -8,6 +8,7 @@ from plotly.subplots import make_subplots
 
 from minillm.engine.trace import StepTrace
 from minillm.visualize.captions import set_caption
+from minillm.visualize.fit import MIN_FONT
 from minillm.visualize.lanes_view import LanesView, lanes_view
 from minillm.visualize.palette import CURSOR_COLOR
 from minillm.visualize.widgets import placeholder
@@ -45,7 +46,7 @@ def queue_traces(view: LanesView) -> list[go.BaseTraceType]:
                              f"arrived in step {e.arrival_step}{head}")
             traces.append(go.Scatter(
                 x=xs or [None], y=[y] * len(xs) or [None], mode="markers+text", text=[e.request_id for e in entries] or [""],
-                textposition="top center", textfont=dict(size=9), hovertext=hover or [None],
+                textposition="top center", textfont=dict(size=MIN_FONT), hovertext=hover or [None],
                 hovertemplate="%{hovertext}<extra></extra>", name=f"{lane}: {'running' if running else 'waiting'}",
                 legendgroup=lane, marker=dict(symbol="square", size=16, color=color,
                                               opacity=1.0 if running else WAITING_OPACITY,
@@ -104,7 +105,7 @@ def lanes_figure(trace: Sequence[StepTrace], step: int | None = None) -> go.Figu
     fig.update_yaxes(title_text="requests", rangemode="tozero", row=2, col=1)
     fig.update_layout(
         barmode="stack", bargap=0.05, height=int(340 + 40 * n), plot_bgcolor="white", meta=META,
-        margin=dict(l=10, r=10, b=40), legend=dict(x=1.02, y=1, yanchor="top", font=dict(size=10)),
+        margin=dict(l=10, r=10, b=40), legend=dict(x=1.02, y=1, yanchor="top", font=dict(size=MIN_FONT)),
         shapes=[dict(type="line", xref="x2", x0=view.step, x1=view.step, yref="y2 domain", y0=0, y1=1,
                      line=dict(color=CURSOR_COLOR, width=2), name="cursor")])
     set_caption(fig, lanes_caption(view))

@@ -6,6 +6,7 @@ from typing import Sequence
 import plotly.graph_objects as go
 
 from minillm.engine.trace import StepTrace
+from minillm.visualize.fit import fit_title
 from minillm.visualize.moe_view import RoutingView, routing_view
 from minillm.visualize.trace_index import clamp_step
 from minillm.visualize.widgets import placeholder
@@ -40,8 +41,8 @@ def routing_figure(trace: Sequence[StepTrace], step: int | None = None, cumulati
     first, last = view.first_step, view.last_step
     steps = f"steps {first}-{last}" if first != last else f"step {last}"
     fig = go.Figure(routing_heatmap(view))
-    fig.update_layout(title=f"Tokens per expert, {steps}: {view.num_tokens} tokens, each to {view.top_k} experts "
-                            f"per layer (CV: load imbalance, 0 = even)", meta=META,
-                      yaxis=dict(autorange="reversed"), height=160 + 34 * len(view.layers),
-                      margin=dict(l=20, r=20, t=50, b=40))
+    fig.update_layout(meta=META, yaxis=dict(autorange="reversed"), height=160 + 34 * len(view.layers),
+                      margin=dict(l=20, r=20, b=40))
+    fit_title(fig, f"Tokens per expert, {steps}: {view.num_tokens} tokens, each to {view.top_k} experts "
+                   f"per layer (CV: load imbalance, 0 = even)")
     return fig

@@ -6,6 +6,7 @@ from typing import Callable, Sequence
 import plotly.graph_objects as go
 
 from minillm.engine.trace import StepTrace
+from minillm.visualize.fit import MIN_FONT, fit_title
 from minillm.visualize.prefix_tree_view import PrefixTreeView, prefix_tree_view
 from minillm.visualize.trace_index import clamp_step
 from minillm.visualize.widgets import placeholder
@@ -51,7 +52,7 @@ def prefix_tree_traces(view: PrefixTreeView) -> list[go.BaseTraceType]:
                                  hovertext=hover or [None], hovertemplate="%{hovertext}<extra></extra>"))
         traces.append(go.Scatter(x=[n.start for n in nodes] or [None], y=[-n.y for n in nodes] or [None],
                                  mode="text", text=[n.label for n in nodes] or [""], textposition="top right",
-                                 textfont=dict(size=9), hoverinfo="skip", showlegend=False))
+                                 textfont=dict(size=MIN_FONT), hoverinfo="skip", showlegend=False))
     return traces
 
 
@@ -71,9 +72,9 @@ def prefix_tree_figure(trace: Sequence[StepTrace], step: int | None = None,
             if view.prefix_queried_tokens else "")
     rows = 1 + max((x.y for x in view.nodes), default=0)
     fig.update_layout(
-        title=f"Step {view.step}: radix prefix cache, {n} nodes{cut}, {view.num_cached_blocks} blocks cached "
-              f"({view.num_locked_blocks} in use, {view.num_evictable_blocks} evictable){rate}",
         meta=META, xaxis=dict(title="token position", rangemode="tozero"), yaxis=dict(visible=False),
-        height=int(160 + 22 * min(rows, 30)), margin=dict(l=20, r=20, t=50, b=40),
+        height=int(160 + 22 * min(rows, 30)), margin=dict(l=20, r=20, b=40),
         legend=dict(orientation="h", y=-0.2))
+    fit_title(fig, f"Step {view.step}: radix prefix cache, {n} nodes{cut}, {view.num_cached_blocks} blocks cached "
+                   f"({view.num_locked_blocks} in use, {view.num_evictable_blocks} evictable){rate}")
     return fig

@@ -52,7 +52,7 @@ def point_traces(view: RooflineView) -> list[go.BaseTraceType]:
         ))
     pts = view.points
     traces.append(go.Scatter(
-        x=[p.intensity for p in pts], y=[p.analytic for p in pts], mode="markers", name="analytic (counted FLOPs at the roof)",
+        x=[p.intensity for p in pts], y=[p.analytic for p in pts], mode="markers", name="analytic (at the roof)",
         marker=dict(symbol="circle-open", size=8, color=[KIND_COLORS[p.kind] for p in pts], line=dict(width=1.5)),
         hovertext=[_hover(p) for p in pts], hovertemplate="%{hovertext}<extra></extra>",
     ))

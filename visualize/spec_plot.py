@@ -6,6 +6,7 @@ from typing import Callable, Sequence
 import plotly.graph_objects as go
 
 from minillm.engine.trace import StepTrace
+from minillm.visualize.fit import fit_title
 from minillm.visualize.spec_view import SpecTreeView, spec_tree_view
 from minillm.visualize.trace_index import clamp_step
 from minillm.visualize.widgets import placeholder
@@ -69,9 +70,10 @@ def spec_tree_figure(trace: Sequence[StepTrace], step: int | None = None,
     acc = ", ".join(f"{t.label} {t.num_accepted}/{t.num_proposed}" for t in view.seqs[:MAX_SEQS])
     kind = "tree" if any(t.is_tree for t in view.seqs) else "chain"
     when = f"Step {view.step}" if shown == cursor else f"Step {view.step} (the latest with guesses before step {cursor})"
-    fig.update_layout(title=f"{when}: guesses ({kind}) and what the target kept: accepted/proposed {acc}", meta=META,
+    fit_title(fig, f"{when}: guesses ({kind}) and what the target kept: accepted/proposed {acc}")
+    fig.update_layout(meta=META,
                       xaxis=dict(title="positions after the newest token", dtick=1, rangemode="tozero"),
                       yaxis=dict(visible=False), height=140 + 26 * sum(1 + max(n.y for n in t.nodes)
                                                                        for t in view.seqs[:MAX_SEQS]),
-                      margin=dict(l=20, r=20, t=50, b=40), legend=dict(orientation="h", y=-0.25))
+                      margin=dict(l=20, r=20, b=40), legend=dict(orientation="h", y=-0.25))
     return fig

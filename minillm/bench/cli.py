@@ -106,9 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     thr.add_argument("--repeats", type=int, default=1)
     thr.add_argument("--max-num-seqs", type=int, default=128)
     thr.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    thr.add_argument("--hf-batch-size", type=int, nargs="+", default=[32],
-                     help="transformers' static batch size; several (e.g. 8 16 32 64) sweep it, one peer each "
-                          "(transformers-bN), and the target compares with the best of them")
+    thr.add_argument("--hf-batch-size", type=int, nargs="+", default=[8, 16, 32, 64],
+                     help="transformers' static batch sizes, swept by default: one peer each (transformers-bN), "
+                          "and the target compares with the best of them (a static batcher is only as good as "
+                          "its batch size); one value runs one peer")
 
     srv = sub.add_parser("serve", help="concurrent streaming clients against a live OpenAI-compatible server: "
                                        "TTFT/TPOT/ITL/e2e percentiles, request throughput")
@@ -271,7 +272,7 @@ def _subjects(args: argparse.Namespace, device: str, kv_bytes: int | None = None
 
         _log(f"loading transformers ({args.dtype}, {device})")
         cache = None if args.hf_cache == "dynamic" else args.hf_cache
-        sizes = getattr(args, "hf_batch_size", [32])
+        sizes = getattr(args, "hf_batch_size", [8, 16, 32, 64])
         sizes = [sizes] if isinstance(sizes, int) else list(sizes)
         hf = load_transformers(args.model, DTYPES[args.dtype], device, cache, sizes[0])
         if len(sizes) == 1:

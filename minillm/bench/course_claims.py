@@ -36,8 +36,10 @@ def check_continuous_claim(speedups: list[float], step_ratio: float, row_ratio: 
     speedups: continuous over static output tok/s, one per repeat. The cost model brackets the
     gain: if a step costs the same whoever sits in it (decode bound by reading the weights), the
     speed-up is the ratio of steps, static over continuous (`step_ratio`); if a step costs in
-    proportion to its rows (bound by arithmetic), it is the ratio of rows computed (`row_ratio`).
-    The median must lie in that bracket, widened by `margin`, and above 1."""
+    proportion to its rows (bound by arithmetic), it is the ratio of rows computed (`row_ratio`):
+    every token position through the model, prompts and decodes alike, so static's padded prompt
+    positions and its finished rows' decodes both count. The median must lie in that bracket,
+    widened by `margin`, and above 1."""
     med = statistics.median(speedups)
     lo, hi = max(1.0, min(step_ratio, row_ratio) * (1 - margin)), max(step_ratio, row_ratio) * (1 + margin)
     assert min(step_ratio, row_ratio) > 1.1, f"the workload wastes too little ({step_ratio:.2f}x steps) to test it"

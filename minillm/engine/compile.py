@@ -22,8 +22,9 @@ def frozen_compile(fn):
     def call(*args, **kwargs):
         # specialize_float: module floats (RMSNorm eps) become constants checked by a C++ guard,
         # not ~120 Python lambda guards evaluated before every step
-        # autotune_num_choices_displayed=0: max_autotune still picks, but no AUTOTUNE table per GEMM on stderr
-        with inductor_config.patch(freezing=True, max_autotune=True, autotune_num_choices_displayed=0), \
+        # max_autotune still picks each GEMM's kernel, but prints no AUTOTUNE table or choice stats per GEMM
+        quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+        with inductor_config.patch(freezing=True, max_autotune=True, **quiet), \
                 dynamo_config.patch(specialize_float=True):
             return compiled(*args, **kwargs)
 
