@@ -71,25 +71,32 @@ def _cache_root() -> Path:
 
 
 @functools.cache
-def _build(label: str, flags: tuple[str, ...]):
+def build_extension(source: Path, prefix: str, label: str, flags: tuple[str, ...]) -> None:
+    """Compile one C++ source that registers torch ops (once per source, flags, CPU and torch; cached on disk).
+
+    Shared by the GGUF kernels and the CPU paged attention (kernels/paged_attention_cpu.py)."""
     key = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join(flags).encode() + _cpu_flags().encode() + torch.__version__.encode()
+        source.read_bytes() + " ".join(flags).encode() + _cpu_flags().encode() + torch.__version__.encode()
     ).hexdigest()[:12]
-    name = f"minillm_gguf_{label}_{key}"
+    name = f"{prefix}_{label}_{key}"
     build_dir = _cache_root() / "kernels" / name
     build_dir.mkdir(parents=True, exist_ok=True)
     from torch.utils import cpp_extension
 
     try:
-        # ops register themselves in torch.ops.minillm_gguf when the library loads
-        cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(flags),
+        # ops register themselves in torch.ops.<namespace> when the library loads
+        cpp_extension.load(name=name, sources=[str(source)], extra_cflags=list(flags),
                            extra_ldflags=["-fopenmp"], build_directory=str(build_dir), is_python_module=False,
                            verbose=False)
     except Exception as e:  # a missing compiler or ninja, a build error: report, never crash the engine
-        raise GGUFKernelUnavailable(f"building {SOURCE.name} failed ({type(e).__name__}: {str(e)[-400:]})") from e
-    for old in build_dir.parent.glob(f"minillm_gguf_{label}_*"):  # builds of older sources: never loaded again
+        raise GGUFKernelUnavailable(f"building {source.name} failed ({type(e).__name__}: {str(e)[-400:]})") from e
+    for old in build_dir.parent.glob(f"{prefix}_{label}_*"):  # builds of older sources: never loaded again
         if old != build_dir:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _build(label: str, flags: tuple[str, ...]):
+    build_extension(SOURCE, "minillm_gguf", label, flags)
     return torch.ops.minillm_gguf
 
 

@@ -1,5 +1,10 @@
 """The reference attention backend in plain PyTorch; also the CPU fast path.
 
+On the CPU, decode queries over a float32/bfloat16 cache go to a C++ kernel that
+reads K/V through the block tables in place (kernels/cpu/paged_attention.cpp);
+the gather path below is its reference, and runs wherever the kernel does not
+(GPUs, int8/fp8 caches, MINILLM_CPU_ATTENTION=torch, no compiler).
+
 Decode sequences are batched: the flat pool slot of every key they attend to
 is computed once per step from the block tables, each layer gathers its keys
 with one index_select straight into a padded [batch, kv_heads, max_len,
@@ -33,6 +38,7 @@ import torch.nn.functional as F
 from minillm.attention.base import AttentionBackend
 from minillm.attention.kv_quant import as_bits, dequantize_kv, quantize_kv
 from minillm.attention.metadata import AttentionMetadata
+from minillm.kernels import paged_attention_cpu as cpu_paged
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
@@ -283,6 +289,13 @@ class TorchAttentionBackend(AttentionBackend):
             return forward_quant(q, k, v, k_cache, v_cache, k_scale, v_scale, meta, scale, window)
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         bs = k_cache.shape[1]
+        if not torch.compiler.is_compiling():
+            cpu_paged.available()  # builds the C++ kernel once, eagerly (a compiled graph only reads the result)
+        # CPU: the C++ kernel follows the block tables in place (kernels/cpu/paged_attention.cpp); the
+        # gather below copies every K/V row first, which at batch 64+ is most of a step's memory traffic
+        kernel = cpu_paged.applies(q, k_cache)
+        if static and kernel:
+            return cpu_paged.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, window)
         if static:
             # Under torch.compile (and in a captured CUDA graph) the runner only sends decode-only
             # batches; use tensors alone (no Python lists) so one graph serves every batch size and
@@ -294,7 +307,10 @@ class TorchAttentionBackend(AttentionBackend):
             return paged_decode(q, k_cache, v_cache, rows, mask, scale)
         nd = meta.num_decode_seqs
         parts = []
-        if nd:
+        if nd and kernel:
+            parts.append(cpu_paged.paged_decode(q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
+                                                window))
+        elif nd:
             _, rows, mask = decode_state(meta, window, bs, k_cache.shape[2], quantized=False)
             parts.append(paged_decode(q[:nd], k_cache, v_cache, rows, mask, scale))
         start = nd

@@ -1,0 +1,151 @@
+// Paged decode attention on the CPU: each query reads its keys and values where they live in the pool.
+//
+// What the course teaches here (book/architecture.md, "Paged attention on the CPU"):
+// a decode step's attention reads every cached K/V row of every sequence once. The plain
+// PyTorch path (minillm/attention/torch_backend.py, paged_decode) first gathers those rows
+// out of the block pool into a contiguous [B, kv_heads, L, D] copy and then runs two batched
+// matmuls on it: the rows cross memory three times (read for the gather, written as the copy,
+// read again by the matmuls). Following the block table inside the kernel, as vLLM's and
+// llama.cpp's CPU paths do, reads each row once -- at batch 64+ the KV rows outweigh the
+// model's weights, so this is most of a batched step's memory traffic.
+//
+// Layout: k_cache, v_cache [num_blocks, block_size, kv_heads, D] (one layer's slice of the pool,
+// float32 or bfloat16); q [B, H, D], H = G * kv_heads (the G query heads of a group share one
+// K/V head, read once for all G); block_tables [B, max_blocks] int32; seq_lens [B]; a sliding
+// window w > 0 keeps only each query's last w keys (Gemma 3's local layers).
+// Work: one (sequence, kv head) per task across threads; scores for the G heads over the
+// sequence's positions, a float32 softmax, then the weighted sum of V rows. Accumulation is
+// float32 whatever the cache dtype.
+//
+// Registered as torch.ops.minillm_attn.paged_decode so torch.compile sees one opaque call;
+// kernels/paged_attention_cpu.py builds this file once per CPU (same build as the GGUF kernels).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) {  // bf16 is the high half of an fp32: a shift, which vectorizes
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+template <typename T>
+inline float dot(const float* __restrict q, const T* __restrict k, int64_t d) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < d; ++i) s += q[i] * to_float(k[i]);
+  return s;
+}
+
+template <typename T>
+inline void axpy(float* __restrict acc, float w, const T* __restrict v, int64_t d) {
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) acc[i] += w * to_float(v[i]);
+}
+
+template <typename T>
+void paged_decode_impl(const T* q, const T* k_cache, const T* v_cache, const int32_t* tables,
+                       const int64_t* lens, T* out, int64_t batch, int64_t heads, int64_t kv_heads,
+                       int64_t d, int64_t block_size, int64_t max_blocks, float scale, int64_t window) {
+  const int64_t group = heads / kv_heads;
+  const int64_t row_stride = kv_heads * d;  // from one token's K/V row to the next in a block
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> qf(group * d), acc(group * d), scores;
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / kv_heads, h = task % kv_heads;
+      const int64_t len = lens[b];
+      const int64_t start = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t n = len - start;
+      T* o = out + (b * heads + h * group) * d;
+      if (n <= 0) {
+        std::fill(o, o + group * d, T(0.f));
+        continue;
+      }
+      const T* qb = q + (b * heads + h * group) * d;
+      for (int64_t i = 0; i < group * d; ++i) qf[i] = to_float(qb[i]) * scale;
+      scores.resize(group * n);
+      const int32_t* table = tables + b * max_blocks;
+      // 1. scores: each key row read once for the group's G query heads
+      for (int64_t p = start; p < len; ++p) {
+        const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
+        const T* krow = k_cache + slot * row_stride + h * d;
+        for (int64_t g = 0; g < group; ++g) scores[g * n + (p - start)] = dot(qf.data() + g * d, krow, d);
+      }
+      // 2. softmax per head, in float32
+      std::vector<float> inv_sum(group);
+      for (int64_t g = 0; g < group; ++g) {
+        float* s = scores.data() + g * n;
+        const float m = *std::max_element(s, s + n);
+        float sum = 0.f;
+        for (int64_t i = 0; i < n; ++i) {
+          s[i] = std::exp(s[i] - m);
+          sum += s[i];
+        }
+        inv_sum[g] = 1.f / sum;
+      }
+      // 3. weighted sum of V rows, each read once for the group
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t p = start; p < len; ++p) {
+        const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
+        const T* vrow = v_cache + slot * row_stride + h * d;
+        for (int64_t g = 0; g < group; ++g) axpy(acc.data() + g * d, scores[g * n + (p - start)], vrow, d);
+      }
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t i = 0; i < d; ++i) o[g * d + i] = T(acc[g * d + i] * inv_sum[g]);
+    }
+  });
+}
+
+at::Tensor paged_decode(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, int64_t window) {
+  TORCH_CHECK(q_in.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "paged_decode: q [B, H, D], caches [blocks, block_size, kv_heads, D]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_decode: the caches must be contiguous");
+  TORCH_CHECK(q_in.scalar_type() == k_cache.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
+              "paged_decode: q and the caches must share a dtype");
+  const int64_t batch = q_in.size(0), heads = q_in.size(1), d = q_in.size(2);
+  const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == d && heads % kv_heads == 0, "paged_decode: head_dim or GQA group mismatch");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) >= batch && seq_lens.size(0) >= batch,
+              "paged_decode: a block table and a length per query");
+  const at::Tensor q = q_in.contiguous();
+  const at::Tensor tables = block_tables.narrow(0, 0, batch).to(at::kInt).contiguous();
+  const at::Tensor lens = seq_lens.narrow(0, 0, batch).to(at::kLong).contiguous();
+  at::Tensor out = at::empty_like(q);
+  const int64_t max_blocks = tables.size(1);
+  TORCH_CHECK(batch == 0 || lens.max().item<int64_t>() <= max_blocks * block_size,
+              "paged_decode: a length past its block table");
+  if (q.scalar_type() == at::kFloat) {
+    paged_decode_impl<float>(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                             tables.data_ptr<int32_t>(), lens.data_ptr<int64_t>(), out.data_ptr<float>(), batch,
+                             heads, kv_heads, d, block_size, max_blocks, static_cast<float>(scale), window);
+  } else if (q.scalar_type() == at::kBFloat16) {
+    using bf = c10::BFloat16;
+    paged_decode_impl<bf>(q.data_ptr<bf>(), k_cache.data_ptr<bf>(), v_cache.data_ptr<bf>(),
+                          tables.data_ptr<int32_t>(), lens.data_ptr<int64_t>(), out.data_ptr<bf>(), batch, heads,
+                          kv_heads, d, block_size, max_blocks, static_cast<float>(scale), window);
+  } else {
+    TORCH_CHECK(false, "paged_decode: float32 or bfloat16 caches only, got ", q.scalar_type());
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(minillm_attn, lib) {
+  lib.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
+          "float scale, int window=0) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(minillm_attn, CPU, lib) { lib.impl("paged_decode", &paged_decode); }

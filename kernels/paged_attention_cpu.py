@@ -1,0 +1,72 @@
+"""Build and load the C++ paged decode attention (kernels/cpu/paged_attention.cpp) for this CPU.
+
+The torch attention backend calls ``paged_decode`` for decode queries on the CPU
+when the KV cache is float32 or bfloat16: the kernel follows each sequence's block
+table and reads K/V rows where they live, instead of gathering them into a
+contiguous copy first (the plain PyTorch path, kept as the reference and the
+fallback: minillm/attention/torch_backend.py). Built like the GGUF kernels (same
+flags, same cache folder, ``ATEN_CPU_CAPABILITY`` selects the instruction set).
+
+``MINILLM_CPU_ATTENTION=torch`` turns the kernel off (the gather path runs instead).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+from minillm.kernels import gguf_cpu
+
+SOURCE = Path(__file__).with_name("cpu") / "paged_attention.cpp"
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+@functools.cache
+def load():
+    """torch.ops.minillm_attn, or GGUFKernelUnavailable with the reason (no compiler, build error)."""
+    label, flags = gguf_cpu.isa_flags()
+    gguf_cpu.build_extension(SOURCE, "minillm_attn", label, (*flags, "-fopenmp"))
+    _register_fake()
+    return torch.ops.minillm_attn
+
+
+_ready = False  # set once the kernel loaded; read by traced code, so a compiled graph never builds
+
+
+@functools.cache
+def available() -> bool:
+    """Build/load once (call it eagerly); False where the build fails: the torch path runs, and says why once."""
+    global _ready
+    if os.environ.get("MINILLM_CPU_ATTENTION", "").lower() == "torch":
+        return False
+    try:
+        load()
+    except gguf_cpu.GGUFKernelUnavailable as e:
+        import warnings
+
+        warnings.warn(f"CPU paged attention unavailable, gathering K/V in PyTorch instead: {e}", stacklevel=2)
+        return False
+    _ready = True
+    return True
+
+
+def applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """The kernel's case: it loaded (available() ran), CPU tensors, a float32/bfloat16 cache in q's dtype."""
+    return _ready and q.device.type == "cpu" and k_cache.dtype == q.dtype and q.dtype in DTYPES
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, scale: float, window: int | None = None) -> torch.Tensor:
+    """q [B, H, D] (one query per sequence) -> [B, H, D], reading K/V through block_tables [>= B, blocks]."""
+    return torch.ops.minillm_attn.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window or 0)
+
+
+def _register_fake() -> None:
+    try:
+        @torch.library.register_fake("minillm_attn::paged_decode")
+        def _(q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):
+            return torch.empty_like(q, memory_format=torch.contiguous_format)
+    except (RuntimeError, AttributeError):  # already registered in this process
+        pass
