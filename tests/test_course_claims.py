@@ -9,7 +9,7 @@ from minillm.bench.course_claims import (check_attention_roofline, check_batchin
                                          check_length_aware_tail, check_medusa_heads, check_moe_compute,
                                          check_paging_claim, check_prefix_reuse, check_prefix_ttft, check_roofline_claim,
                                          check_router_imbalance, check_same_tokens, check_serving_tradeoff,
-                                         check_speculation_emits, check_tp_allreduce, check_tp_kv_split, check_tp_links,
+                                         check_speculation_batch, check_speculation_emits, check_tp_allreduce, check_tp_kv_split, check_tp_links,
                                          check_tp_same_tokens, check_under_roofs)
 
 
@@ -319,6 +319,19 @@ def test_speculation_emits():
         check_speculation_emits(measured, best_tokens_per_step=1.2)
     with pytest.raises(AssertionError):  # a verify step emitted less than the target's own token
         check_speculation_emits(measured + [0.8], best_tokens_per_step=4.50)
+
+
+def test_speculation_batch():
+    # notebook 09 on this machine (busy, one thread): speed-up over plain decode per repeat, (batch 1, batch 16)
+    measured = {"ngram": ([1.20, 1.43, 1.55], [0.85, 0.87, 1.53]), "int4": ([1.71, 2.72, 2.74], [0.86, 0.89, 1.58])}
+    check_speculation_batch(measured)
+    for bad in ({"int4": ([1.71, 2.72, 2.74], [2.5, 2.8, 2.6])},  # batch 16 kept the gain
+                {"int4": ([1.71, 2.72, 2.74], [3.0, 3.1, 2.9])},  # ... or grew it
+                {"ngram": ([1.2, 1.45, 1.7], [1.1, 1.3, 1.5])}):  # lower, but within the repeats' noise
+        with pytest.raises(AssertionError):
+            check_speculation_batch(measured | bad)
+    with pytest.raises(AssertionError):  # nothing gained at batch 1, so nothing to lose
+        check_speculation_batch({"ngram": ([1.0, 1.05, 0.95], [0.85, 0.87, 0.8])})
 
 
 def test_draft_pair():

@@ -408,6 +408,29 @@ def check_speculation_emits(tokens_per_step: list[float], best_tokens_per_step: 
         f"its guesses were rarely accepted")
 
 
+def check_speculation_batch(speedups: dict[str, tuple[list[float], list[float]]], min_gain: float = 1.1,
+                            noise_factor: float = 3.0) -> None:
+    """Notebook 09 (Leviathan et al., ICML 2023; the source articles): speculation spends compute a
+    batch-1 decode step leaves idle, so its gain shrinks as the batch grows.
+
+    speedups[proposer] = (at batch 1, at the large batch): speculative over plain decode tok/s, one per
+    repeat (interleaved runs, pinned threads). Some proposer must gain at batch 1 (median above
+    `min_gain`), and each that does must lose more of its speed-up at the large batch than the
+    repeats' noise: batch 1's median minus the large batch's must exceed `noise_factor` x the larger
+    median absolute deviation of the two sets. Without an effect the medians differ by noise alone."""
+    gaining = {p: s for p, s in speedups.items() if statistics.median(s[0]) > min_gain}
+    assert gaining, (f"no proposer gained more than {min_gain}x at batch 1: "
+                     f"{ {p: round(statistics.median(s[0]), 2) for p, s in speedups.items()} }")
+    for proposer, (small, large) in gaining.items():
+        assert len(small) >= 3 and len(large) >= 3, "repeat each run at least 3 times"
+        med_s, med_l = statistics.median(small), statistics.median(large)
+        mad = max(statistics.median(abs(x - med) for x in xs) for xs, med in ((small, med_s), (large, med_l)))
+        assert med_s - med_l > noise_factor * mad, (
+            f"{proposer}: speed-up x{med_l:.2f} at the large batch (repeats {[round(x, 2) for x in large]}) vs "
+            f"x{med_s:.2f} at batch 1 ({[round(x, 2) for x in small]}): not smaller by more than "
+            f"{noise_factor:g} x the noise ({mad:.2f})")
+
+
 def check_draft_pair(code_acceptance: list[float], speedups: list[tuple[float, float]], min_acceptance: float = 0.7,
                      tolerance: float = 0.25, break_even_margin: float = 0.05) -> None:
     """Notebook 09's real draft (Qwen2.5-Coder-0.5B for 1.5B; the source articles: a same-family draft
