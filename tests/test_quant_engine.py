@@ -67,14 +67,14 @@ def test_quantized_greedy_output_stays_close_to_float(method, float_llm, float_t
     # scales). Free-running greedy texts agree until a near-tie flips, then part ways for good
     # (int8: common prefixes of e.g. [19, 24, 24, 5, 2, 24]), so only the first tokens are compared.
     assert agree >= 0.95, agree
-    assert sum(prefixes) >= 0.5 * 24 * len(PROMPTS), prefixes
-    # a text may part at its first tokens only where the float model itself nearly ties there: both
+    # a text may part from the float text only where the float model itself nearly ties: both
     # quantizations move logits by a few tenths (gguf rounds every activation to int8, a step function,
-    # so even 1e-7 of float reordering in a kernel moves the last layer's logits by ~0.3 over 30 layers:
-    # "List three colors of the rainbow:" has a float top-2 gap of 0.10 at its first token)
+    # so even 1e-7 of float reordering in a kernel -- the CPU paged attention, the 8-row GGUF layouts --
+    # moves the last layer's logits by ~0.3 over 30 layers). Measured partings for gguf: float top-2 gaps
+    # 0.22, 0.12, 0.10, 0.05, 0.006 (prefixes [5, 24, 9, 0, 17, 14]); a sum-of-prefixes bound failed on that.
     from minillm.models.standalone import forward_logits
 
     for p, r, n in zip(prompts, ref, prefixes):
-        if n < 2:
+        if n < len(r):
             top2 = forward_logits(float_llm.engine.model, p + r[:n])[-1].topk(2).values
             assert float(top2[0] - top2[1]) < NEAR_TIE, (n, float(top2[0] - top2[1]))
