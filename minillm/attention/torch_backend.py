@@ -267,6 +267,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     def prepare(self, meta: AttentionMetadata, block_size: int, num_kv_heads: int, quantized: bool) -> None:
         """The decode keys' pool slots, computed once per step and shared by all layers."""
+        if meta.block_tables.device.type == "cpu":
+            cpu_paged.available()  # builds the C++ kernel once, eagerly (a compiled graph only reads the result)
         nd = meta.num_decode_seqs
         if not nd:
             return
@@ -289,8 +291,6 @@ class TorchAttentionBackend(AttentionBackend):
             return forward_quant(q, k, v, k_cache, v_cache, k_scale, v_scale, meta, scale, window)
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         bs = k_cache.shape[1]
-        if not torch.compiler.is_compiling():
-            cpu_paged.available()  # builds the C++ kernel once, eagerly (a compiled graph only reads the result)
         # CPU: the C++ kernel follows the block tables in place (kernels/cpu/paged_attention.cpp); the
         # gather below copies every K/V row first, which at batch 64+ is most of a step's memory traffic
         kernel = cpu_paged.applies(q, k_cache)
