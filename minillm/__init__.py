@@ -1,4 +1,8 @@
 """minillm: a compact, complete LLM inference engine to learn from."""
+from minillm import hub_kernels
+
+hub_kernels.install()  # before transformers is imported: see minillm/hub_kernels.py
+
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine, RequestError
 from minillm.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput

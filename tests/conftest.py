@@ -1,6 +1,7 @@
 """Shared fixtures. Loading the default model is the expensive part: once per session."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,12 @@ import torch
 ROOT = str(Path(__file__).resolve().parent.parent)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+# int8/int4 layers: one route for the whole suite, so the quantization tests keep one set of expected
+# layouts, byte counts and agreement bounds on every CPU. The default differs by CPU (bf16 hardware:
+# torch's bf16 kernels; none: the GGUF block kernels, minillm/quant/cpu_route.py); the block route is
+# tested explicitly in tests/test_quant_cpu_route.py (its kernels, the default model on it, the choice).
+os.environ.setdefault("MINILLM_QUANT_CPU_ROUTE", "bf16")
 
 # Without a GPU the Triton kernels run under the interpreter, which must be switched on before
 # anything imports triton -- torch.compile does (test_engine_compile runs before the Triton tests).

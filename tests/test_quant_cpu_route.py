@@ -74,10 +74,18 @@ def test_the_route_follows_the_cpu_features(monkeypatch):
     assert not CpuFeatures("AVX2", avx512_bf16=True, amx=True).native_bf16  # torch told to run its AVX2 kernels
     import minillm.quant.cpu_route as cr
 
-    # the default is the route measured faster at batch-1 decode on both kinds of CPU (cpu_route.py)
-    monkeypatch.setattr(cr, "cpu_features", lambda: CpuFeatures("AVX2", False, False))
+    # the default is the route measured faster at batch-1 decode on each kind of CPU (cpu_route.py)
+    monkeypatch.setattr(cr, "cpu_features", lambda: CpuFeatures("AVX2", False, False))  # Zen 2/3, Intel client
+    monkeypatch.setattr(cr, "_blocks_available", lambda: (True, ""))
     route, why = quant_cpu_route()
-    assert route == "bf16" and "no native bf16 (torch AVX2)" in why
+    assert route == "blocks" and "no bf16 hardware (torch AVX2)" in why
+    monkeypatch.setattr(cr, "_blocks_available", lambda: (False, "no compiler"))
+    route, why = quant_cpu_route()
+    assert route == "bf16" and "no compiler" in why
+    monkeypatch.setattr(cr, "_blocks_available", lambda: (True, ""))
+    monkeypatch.setattr(cr, "cpu_features", lambda: CpuFeatures("AVX2", True, True))  # AMX Xeon, torch on AVX2
+    route, why = quant_cpu_route()
+    assert route == "bf16" and "limited to AVX2" in why
     monkeypatch.setattr(cr, "cpu_features", lambda: CpuFeatures("AVX512", True, False))
     assert quant_cpu_route() == ("bf16", "native bf16 (AVX-512 BF16, torch AVX512)")
     monkeypatch.setenv("MINILLM_QUANT_CPU_ROUTE", "blocks")

@@ -19,17 +19,20 @@ The codes are the same; d and m are stored as fp16 (GGUF's format), a relative
 rounding of 2^-11 on each scale, well below the int4 step. The activation is the one
 new rounding (about 0.5-0.7% of a product's norm, as for quantization="gguf").
 
-Which is faster was measured, not assumed (2-core Xeon with AMX, one thread, default model,
-int4 g32 + int8 head, eager, `minillm bench latency --compare llama.cpp`, two runs each, the
-machine shared): with torch on its AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, the code an AVX2-only
-CPU runs) batch-1 decode was 34.2 / 37.3 tok/s on "bf16" against 29.8 / 28.0 on "blocks"
-(0.61-0.67x vs 0.51-0.55x llama.cpp), while a 128-token prefill was 1.26-1.30x faster on
-"blocks". So the default stays "bf16" everywhere, and "blocks" is chosen explicitly:
-MINILLM_QUANT_CPU_ROUTE=bf16 | blocks. A real AVX2-only CPU (where the 0.30x was measured) has
-not been measured with "blocks". The features are still detected and recorded
-(quantization_report["kernels"], the bench JSON's machine record): ATEN_CPU_CAPABILITY=avx2 (or
-default) makes torch run its AVX2 (or portable) kernels, which use no bf16 instructions, so it
-counts as "no native bf16".
+Which is faster was measured, not assumed, on both kinds of machine (batch-1 decode of the
+default model, int4 g32 + int8 head, eager, 2 threads, `minillm bench latency`):
+
+- a real AVX2-only CPU (2-core AMD EPYC Zen3: AVX2/FMA/F16C, no AVX-512, no bf16 instructions;
+  torch's bf16 matmul roof there is 20 GFLOP/s against 105 in fp32), two alternating pairs:
+  "blocks" 28.3 / 33.7 tok/s against "bf16" 24.4 / 28.5 (x1.16 / x1.18), 1k-token prefill level
+  (5.4 / 4.5 s against 5.1 / 4.7 s). So a CPU without bf16 hardware takes "blocks".
+- a Xeon with AMX told to run torch's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, one thread):
+  "bf16" 34.2 / 37.3 tok/s against "blocks" 29.8 / 28.0 -- the bf16 hardware still helps torch's
+  kernels there (oneDNN keeps its own ISA), so that case stays on "bf16", as do CPUs with native
+  bf16 (AVX-512 BF16, AMX).
+
+MINILLM_QUANT_CPU_ROUTE=bf16 | blocks overrides the choice. The features are detected and recorded
+(quantization_report["kernels"], the bench JSON's machine record).
 """
 from __future__ import annotations
 
@@ -77,9 +80,15 @@ def quant_cpu_route() -> tuple[str, str]:
     feats = cpu_features()
     if feats.native_bf16:
         return "bf16", f"native bf16 ({'AMX' if feats.amx else 'AVX-512 BF16'}, torch {feats.torch_capability})"
-    # measured (module docstring): on AVX2 code paths the emulated-bf16 kernels still decode faster
-    return "bf16", (f"no native bf16 (torch {feats.torch_capability}): emulated, measured faster at batch-1 "
-                    f"decode than the block kernels ({ROUTE_ENV}=blocks: faster prefill)")
+    if feats.avx512_bf16 or feats.amx:
+        # bf16 hardware, torch told to use its AVX2 kernels: measured faster on "bf16" (module docstring)
+        return "bf16", (f"bf16 hardware with torch limited to {feats.torch_capability} kernels: measured faster "
+                        f"at batch-1 decode than the block kernels")
+    ok, reason = _blocks_available()
+    if not ok:
+        return "bf16", f"no bf16 hardware, but the block kernels are unavailable ({reason}): emulated bf16"
+    # measured on an AVX2-only Zen3 (module docstring): the integer block kernels decode faster
+    return "blocks", f"no bf16 hardware (torch {feats.torch_capability}): integer GGUF block kernels"
 
 
 def _blocks_available() -> tuple[bool, str]:
