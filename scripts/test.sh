@@ -27,4 +27,4 @@ fi
 marks=()
 if [ "$quick" != 0 ]; then marks=(-m "not slow"); fi
 say "running pytest (the notebooks and the book take ~20 minutes of it, with no output meanwhile)"
-exec python3 -m pytest -q -p no:cacheprovider -rs --durations=30 ${marks[@]+"${marks[@]}"} "$@"
+exec python3 -m pytest -q -p no:cacheprovider --durations=30 -rs ${marks[@]+"${marks[@]}"} "$@"
