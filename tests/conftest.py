@@ -19,7 +19,11 @@ if ROOT not in sys.path:
 # layouts, byte counts and agreement bounds on every CPU. The default differs by CPU (bf16 hardware:
 # torch's bf16 kernels; none: the GGUF block kernels, minillm/quant/cpu_route.py); the block route is
 # tested explicitly in tests/test_quant_cpu_route.py (its kernels, the default model on it, the choice).
-os.environ.setdefault("MINILLM_QUANT_CPU_ROUTE", "bf16")
+# The notebooks (run by tests/test_notebooks.py in a child process) take the route a reader's machine
+# takes, so the pin is marked as the suite's own and dropped there.
+if "MINILLM_QUANT_CPU_ROUTE" not in os.environ:
+    os.environ["MINILLM_QUANT_CPU_ROUTE"] = "bf16"
+    os.environ["MINILLM_TESTS_PINNED_ROUTE"] = "1"
 
 # Without a GPU the Triton kernels run under the interpreter, which must be switched on before
 # anything imports triton -- torch.compile does (test_engine_compile runs before the Triton tests).

@@ -155,3 +155,45 @@ def test_w8a8_and_fp8_are_llm_options_without_a_group_size():
     for method in ("w8a8", "fp8"):
         with pytest.raises(ValueError, match="applies to int4, int4-awq, gptq only"):
             check_llm_options(method, 32)
+
+
+@pytest.mark.parametrize("kernel", ["int_mm", "float32"])
+def test_both_cpu_int8_gemms_give_the_exact_integer_sums(kernel, monkeypatch):
+    """The CPU GEMM is chosen by int8 dot-product instructions; both choices must give the exact sums
+    (K = 1040: the widest layer whose worst-case float32 partial sum, K * 127^2, stays below 2^24)."""
+    from minillm.quant import w8a8
+
+    monkeypatch.setenv(w8a8.INT8_GEMM_ENV, kernel)
+    w8a8.int8_gemm_kernel.cache_clear()
+    try:
+        assert w8a8.int8_gemm_kernel() == kernel
+        a = torch.full((3, 1040), 127, dtype=torch.int8)
+        a[1] = torch.randint(-127, 128, (1040,), generator=_gen(8), dtype=torch.int8)
+        b = torch.cat([torch.full((2, 1040), 127, dtype=torch.int8),
+                       torch.randint(-127, 128, (9, 1040), generator=_gen(9), dtype=torch.int8)])
+        want = a.long() @ b.long().t()
+        got = w8a8.int8_matmul(a, b)
+        assert got.dtype == torch.int32 and torch.equal(got.long(), want)
+        assert torch.equal(w8a8.int8_matmul_float(a, b, kernel).double(), want.double())
+        lin = W8A8Linear.from_float(torch.randn(24, 64, generator=_gen(10)))
+        assert lin.cpu_kernel == kernel and f"cpu_gemm={kernel}" in repr(lin)
+    finally:
+        w8a8.int8_gemm_kernel.cache_clear()
+
+
+def test_the_cpu_int8_gemm_follows_the_int8_dot_product_flags(monkeypatch):
+    from minillm.quant import w8a8
+
+    monkeypatch.delenv(w8a8.INT8_GEMM_ENV, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    for flags, want in (({"avx2", "fma"}, "float32"), ({"avx2", "avx_vnni"}, "int_mm"),
+                        ({"avx512f", "avx512_vnni"}, "int_mm"), ({"amx_int8"}, "int_mm")):
+        monkeypatch.setattr(w8a8, "cpu_flags", lambda f=flags: set(f))
+        w8a8.int8_gemm_kernel.cache_clear()
+        assert w8a8.int8_gemm_kernel() == want, flags
+    monkeypatch.setenv(w8a8.INT8_GEMM_ENV, "int4")
+    w8a8.int8_gemm_kernel.cache_clear()
+    with pytest.raises(ValueError, match="MINILLM_INT8_GEMM"):
+        w8a8.int8_gemm_kernel()
+    w8a8.int8_gemm_kernel.cache_clear()

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from minillm.quant.w8a8 import INT8_DOT_FLAGS
 from minillm.roofline.machine import cpu_flags
 
 __all__ = ["AMX_FLAGS", "INT8_DOT_FLAGS", "best_of", "check_file_is_not_memory", "check_float_kv_outgrows_weights",
            "check_perplexity_hides_flips", "check_w8a8_gain", "cpu_flags"]
 
-INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx_vnni_int8")  # int8 dot products in hardware
 AMX_FLAGS = ("amx_bf16", "amx_int8")  # matrix units: bf16 tiles as well as int8 ones
 
 

@@ -97,6 +97,10 @@ def quantize_loaded(loaded, method: str | None, group_size: int | None = None, l
 
             route, why = quant_cpu_route()
             report["kernels"] = f"{route}: {why}"
+        if method == "w8a8" and loaded.model.embed_tokens.weight.device.type == "cpu":
+            from minillm.quant.w8a8 import int8_gemm_kernel
+
+            report["kernels"] = f"int8 GEMM: {int8_gemm_kernel()} (int_mm where the CPU has int8 dot products)"
     if lm_head:
         if method == "gguf" and report.get("lm_head", "").endswith("blocks"):
             report["lm_head"] += " (already the file's own blocks: quantize_lm_head has nothing to do)"

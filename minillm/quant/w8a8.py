@@ -17,7 +17,7 @@ Where that move cannot be folded into the previous op, ``input_scale``
 pass over x that finds its scale).
 
 The GEMM is torch._int_mm(xq [M, K], wq.t() [K, N]) -> int32 [M, N]:
-- CPU (oneDNN): any shape. Measured on this 2-core AMD EPYC (AVX-512 VNNI and
+- CPU with int8 dot-product instructions (oneDNN): any shape. Measured on this 2-core AMD EPYC (AVX-512 VNNI and
   BF16), 1 thread, the default model's four shapes (`python -m minillm.bench.int8_gemm`):
   at M = 128..512 the int8 GEMM runs 765-897 GOP/s against 87-100 GFLOP/s for
   float32 and 374-443 for bf16, and the whole layer (quantizing x, rescaling y)
@@ -25,16 +25,30 @@ The GEMM is torch._int_mm(xq [M, K], wq.t() [K, N]) -> int32 [M, N]:
   M = 1 the extra passes over x and y eat the gain (20-59 against 26-38 GFLOP/s
   float32). The weight is kept [N, K] row-major and passed transposed, the layout
   the kernel runs fastest at M = 1 (~170 vs ~50 GOP/s for a [K, N] row-major copy).
+- CPU without int8 dot-product instructions (no AVX-512 VNNI / AVX-VNNI / AMX, e.g. an
+  AVX2-only AMD Zen3): torch._int_mm falls back to a plain loop there, measured 25-40x slower
+  than a float32 GEMM of the same shape (M = 1..128, the default model's shapes, 1 thread). So
+  the same integer codes are multiplied by the float32 GEMM instead: each product of two int8
+  values is exact in float32 and so is every partial sum below 2^24 (K * 127^2 < 2^24 for
+  K <= 1040; wider layers can round a sum by one part in 2^24, far below the int8 step).
+  `int8_gemm_kernel()` says which one runs; MINILLM_INT8_GEMM=int_mm | float32 forces one.
 - CUDA (cuBLASLt): needs M > 16 and K, N multiples of 8, so rows are padded to
   the next multiple of 8 above 16; a layer with K or N not a multiple of 8 raises
   at construction on CUDA rather than silently taking a slow path.
 """
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 from torch import nn
 
 from minillm.quant.int8 import quantize_int8
+from minillm.roofline.machine import cpu_flags
+
+INT8_GEMM_ENV = "MINILLM_INT8_GEMM"
+INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx_vnni_int8")  # int8 dot products in hardware
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,8 +68,34 @@ def cuda_rows(m: int) -> int:
     return max(24, -(-m // 8) * 8)
 
 
+@functools.cache
+def int8_gemm_kernel() -> str:
+    """"int_mm" (torch._int_mm: oneDNN's integer kernels) where this CPU has int8 dot-product
+    instructions, else "float32" (the same codes through the float32 GEMM; see the module docstring)."""
+    forced = os.environ.get(INT8_GEMM_ENV)
+    if forced:
+        if forced not in ("int_mm", "float32"):
+            raise ValueError(f"{INT8_GEMM_ENV} must be 'int_mm' or 'float32', got {forced!r}")
+        return forced
+    units = bool(cpu_flags() & set(INT8_DOT_FLAGS)) or torch.cpu._is_vnni_supported() or torch.cpu._is_amx_tile_supported()
+    return "int_mm" if units else "float32"
+
+
 def int8_matmul(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
     """int8 [M, K] x int8 [N, K]^T -> int32 [M, N], exact."""
+    if not xq.is_cuda and int8_gemm_kernel() == "float32":
+        return int8_matmul_float(xq, wq, "float32").to(torch.int32)
+    return _int_mm(xq, wq)
+
+
+def int8_matmul_float(xq: torch.Tensor, wq: torch.Tensor, cpu_kernel: str) -> torch.Tensor:
+    """The same sums as float32 [M, N] (what the layer rescales); `cpu_kernel` from int8_gemm_kernel()."""
+    if not xq.is_cuda and cpu_kernel == "float32":
+        return torch.mm(xq.float(), wq.float().t())
+    return _int_mm(xq, wq).float()
+
+
+def _int_mm(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
     if xq.is_cuda:
         m = xq.shape[0]
         rows = cuda_rows(m)
@@ -73,6 +113,7 @@ class W8A8Linear(nn.Module):
             raise ValueError(f"W8A8 on CUDA needs in/out features that are multiples of 8 (torch._int_mm), "
                              f"got {in_features} x {out_features}")
         self.in_features, self.out_features = in_features, out_features
+        self.cpu_kernel = int8_gemm_kernel()  # chosen once (a plain str: torch.compile sees a constant)
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
         self.register_buffer("scales", torch.ones(out_features, device=device))
         self.register_buffer("input_scale", None)  # SmoothQuant's 1/s where it could not be folded
@@ -102,7 +143,7 @@ class W8A8Linear(nn.Module):
         if self.input_scale is not None:
             x2 = x2 * self.input_scale
         xq, xs = quantize_per_token(x2)
-        y = int8_matmul(xq, self.qweight).float().mul_(xs[:, None]).mul_(self.scales)  # in place: no [M, N] temporaries
+        y = int8_matmul_float(xq, self.qweight, self.cpu_kernel).mul_(xs[:, None]).mul_(self.scales)  # in place: no [M, N] temporaries
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
@@ -112,4 +153,4 @@ class W8A8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         smooth = ", input_scale" if self.input_scale is not None else ""
-        return f"in={self.in_features}, out={self.out_features}, w8a8{smooth}"
+        return f"in={self.in_features}, out={self.out_features}, w8a8{smooth}, cpu_gemm={self.cpu_kernel}"
