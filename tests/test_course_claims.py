@@ -14,13 +14,16 @@ from minillm.bench.course_claims import (check_attention_roofline, check_batchin
 
 
 def test_paging_claim():
-    check_paging_claim(0.9, 0.25, 17, 6, [2.1, 2.4, 1.9], step_ratio=2.5)
+    good = dict(paged_util=0.9, contig_util=0.25, peak_paged=17, peak_contig=6, speedup=1.3, predicted=1.4,
+                step_ratio=2.0)
+    check_paging_claim(**good)
     for bad in [dict(contig_util=0.6), dict(paged_util=0.5), dict(peak_paged=8),
-                dict(speedups=[0.7, 1.0, 1.1]), dict(step_ratio=1.0, speedups=[1.0, 1.0, 1.0])]:
-        args = dict(paged_util=0.9, contig_util=0.25, peak_paged=17, peak_contig=6, speedups=[2.1, 2.4, 1.9],
-                    step_ratio=2.5) | bad
+                dict(speedup=1.0, predicted=1.0),  # no gain
+                dict(speedup=1.9, predicted=1.3),  # faster than the cost model allows
+                dict(speedup=1.15, predicted=1.8),  # slower than it predicts
+                dict(step_ratio=1.0)]:
         with pytest.raises(AssertionError):
-            check_paging_claim(**args)
+            check_paging_claim(**(good | bad))
 
 
 def test_continuous_claim():
