@@ -1,0 +1,101 @@
+"""Guards evaluated once per shape class (minillm/engine/compile.py): the key tells apart what
+Dynamo's guards tell apart, and a compiled engine that skips seen guards gives eager's tokens."""
+import dataclasses
+
+import pytest
+import torch
+
+from minillm.engine.compile import frozen_compile, shape_class
+from tests.helpers.engine_utils import greedy, random_prompts, run_to_completion, tiny_model
+from minillm.engine.config import EngineConfig
+from minillm.engine.llm_engine import LLMEngine
+
+
+@dataclasses.dataclass
+class Meta:
+    lens: torch.Tensor
+    n: int
+    names: list[int]
+    scale: float = 0.5
+
+
+def test_sizes_fall_into_zero_one_and_many():
+    key = lambda *shape: shape_class(torch.empty(shape))
+    assert key(5, 64) == key(9, 64) == key(2, 64)  # symbolic sizes: one graph serves them all
+    assert key(1, 64) != key(2, 64)  # Dynamo specialises a size of 1
+    assert key(0, 64) != key(1, 64)
+    assert shape_class(torch.empty(3, dtype=torch.int32)) != shape_class(torch.empty(3))
+    assert shape_class(torch.empty(4, 4).t()) != shape_class(torch.empty(4, 4))  # strides differ
+
+
+def test_dataclass_fields_lists_and_floats_are_keyed():
+    m = Meta(torch.ones(3), 3, [2, 3, 4])
+    assert shape_class(m) == shape_class(Meta(torch.ones(7), 7, [5, 9, 4]))
+    assert shape_class(m) != shape_class(Meta(torch.ones(1), 1, [5]))
+    assert shape_class(m) != shape_class(Meta(torch.ones(3), 3, [2, 3]))  # list length
+    assert shape_class(m) != shape_class(Meta(torch.ones(3), 3, [2, 3, 4], scale=0.25))  # floats are specialised
+    with pytest.raises(TypeError, match="no shape class"):
+        shape_class(object())
+
+
+def test_a_new_shape_class_runs_the_guards_and_recompiles():
+    """The first call of each class goes through Dynamo's guards; a size-1 input after a
+    size-3 one must not reuse the size-3 graph blindly (it would if every guard were skipped)."""
+    def f(x):
+        return x * 2 + x.shape[0]
+
+    call = frozen_compile(f)
+    for n in (3, 5, 1, 4, 1):
+        x = torch.arange(n, dtype=torch.float32)
+        assert torch.equal(call(x), x * 2 + n)
+    assert len(call.shape_classes_seen) == 2
+
+
+@pytest.mark.slow
+def test_skipping_seen_guards_keeps_eager_tokens_across_batch_sizes():
+    model = tiny_model(heads=4, kv_heads=2, head_dim=16)
+    prompts = random_prompts(6, 97, 1, 40, seed=11)  # lengths 1..40: one- and many-block tables
+
+    def go(compile, guards="seen"):
+        eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=128, max_num_seqs=8,
+                                                      max_num_batched_tokens=64, compile=compile))
+        if compile:
+            eng.executor.compiled_decode = frozen_compile(model.forward, skip_seen_guards=guards == "seen")
+        for i, p in enumerate(prompts):
+            eng.add_request(str(i), p, greedy(3 + 4 * i))  # staggered ends: batch 6 shrinks to 1
+        out = run_to_completion(eng)
+        seen = eng.executor.compiled_decode.shape_classes_seen if compile else set()
+        return [out[str(i)] for i in range(len(prompts))], seen
+
+    eager, _ = go(False)
+    skipped, seen = go(True)
+    assert skipped == eager
+    assert 2 <= len(seen) <= 8  # batch 1 and batch 2+ at least; the classes stay few
+
+
+@pytest.mark.slow
+def test_two_compiled_models_of_one_class_step_in_turn():
+    """Two engines over two models of the same class (a draft and its target) share one Dynamo cache:
+    `forward`'s code object. Stepping them in turn, each must still run its own graph."""
+    models = [tiny_model(seed=1), tiny_model(seed=2, layers=3)]
+    prompts = random_prompts(3, 97, 2, 20, seed=5)
+
+    def engine(model, compile):
+        eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=4,
+                                                      max_num_batched_tokens=64, compile=compile))
+        for i, p in enumerate(prompts):
+            eng.add_request(str(i), p, greedy(6 + 3 * i))
+        return eng
+
+    def tokens(eng, done):
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+
+    expected = [run_to_completion(engine(m, False)) for m in models]
+    engines, got = [engine(m, True) for m in models], [{}, {}]
+    while any(e.has_unfinished_requests() for e in engines):
+        for eng, done in zip(engines, got):
+            if eng.has_unfinished_requests():
+                tokens(eng, done)
+    assert got == expected
