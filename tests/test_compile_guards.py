@@ -51,6 +51,28 @@ def test_a_new_shape_class_runs_the_guards_and_recompiles():
     assert len(call.shape_classes_seen) == 2
 
 
+def test_an_audit_call_catches_a_distinction_the_classes_miss(monkeypatch):
+    """A branch on an int's value is a guard the shape class cannot see (ints are keyed 0/1/2+).
+    Dynamo refuses to compile under the skipping stance (with one graph cached it still checks it);
+    the refusal comes before the graph runs, so the call reruns with full guards and skipping stops.
+    (The periodic full-guard audit covers the case where the graphs' differentiating guards pass.)"""
+    import minillm.engine.compile as compile_mod
+
+    monkeypatch.setattr(compile_mod, "AUDIT_EVERY", 4)
+
+    def f(x, n):
+        return x + 1 if n > 5 else x - 1
+
+    call = frozen_compile(f)
+    x = torch.zeros(3)
+    assert torch.equal(call(x, 9), x + 1)
+    with pytest.warns(RuntimeWarning, match="guards now run on every step"):
+        for _ in range(4):
+            assert torch.equal(call(x, 3), x - 1)
+    assert torch.equal(call(x, 3), x - 1) and torch.equal(call(x, 9), x + 1)
+    assert not call.shape_classes_seen
+
+
 @pytest.mark.slow
 def test_skipping_seen_guards_keeps_eager_tokens_across_batch_sizes():
     model = tiny_model(heads=4, kv_heads=2, head_dim=16)

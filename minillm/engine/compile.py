@@ -13,12 +13,20 @@ specialisation; sizes are otherwise symbolic with dynamic=True). So the first st
 each such shape class runs with every guard -- compiling if needed -- and later steps of
 a class already seen run with `skip_guard_eval_unsafe`, which still evaluates the guards
 that tell the cached graphs apart (vLLM skips guards altogether after its warm-up).
-MINILLM_COMPILE_GUARDS=always turns the skipping off.
+
+What keeps that sound: duck sizing is off (Dynamo would otherwise guard that two sizes that
+happened to be equal at compile time, say a batch of 3 and a 3-block table, stay equal --
+a relation the shape class cannot see), and every AUDIT_EVERY-th call of a seen class runs
+the full guards anyway: if that compiles a new graph, the classes missed a distinction, so
+skipping stops for this function with a warning. (Dynamo itself refuses to compile under
+the skipping stance; that refusal, raised before the graph runs, stops the skipping too.) MINILLM_COMPILE_GUARDS=always turns the
+skipping off.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -48,6 +56,15 @@ def shape_class(value: Any) -> Hashable:
     raise TypeError(f"no shape class for a compiled decode input of type {type(value).__name__}")
 
 
+AUDIT_EVERY = 256  # a seen class's guards still run in full once per this many calls
+
+
+def graphs_compiled() -> int:
+    """How many graphs Dynamo has compiled in this process (its own counter)."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
 def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None) -> Callable:
     """torch.compile with inductor freezing: weights become constants, so inductor can
     pre-pack them for oneDNN (the fast matrix-vector path on CPU), and max_autotune
@@ -59,27 +76,44 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None) -> Callab
     full only on the first call of each `shape_class` of the arguments (module docstring)."""
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
+    import torch.fx.experimental._config as shape_config
 
     if skip_seen_guards is None:
         skip_seen_guards = os.environ.get("MINILLM_COMPILE_GUARDS", "seen") != "always"
     compiled = torch.compile(fn, dynamic=True)
     seen: set[Hashable] = set()
+    state = {"skip": skip_seen_guards, "calls": 0}
 
     def call(*args, **kwargs):
         # specialize_float: module floats (RMSNorm eps) become constants checked by a C++ guard,
         # not ~120 Python lambda guards evaluated before every step
         # max_autotune still picks each GEMM's kernel, but prints no AUTOTUNE table or choice stats per GEMM
         quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
-        key = shape_class((args, kwargs)) if skip_seen_guards else None
+        key = shape_class((args, kwargs)) if state["skip"] else None
+        state["calls"] += 1
         with inductor_config.patch(freezing=True, max_autotune=True, **quiet), \
-                dynamo_config.patch(specialize_float=True):
-            if key is not None and key in seen:
-                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    return compiled(*args, **kwargs)
+                dynamo_config.patch(specialize_float=True), shape_config.patch(use_duck_shape=False):
+            if key in seen and state["calls"] % AUDIT_EVERY:
+                try:
+                    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                        return compiled(*args, **kwargs)
+                except RuntimeError as e:  # Dynamo refuses to recompile under this stance, before running
+                    if "skip_guard_eval_unsafe" not in str(e):
+                        raise
+                    stop_skipping()
+            before = graphs_compiled()
             out = compiled(*args, **kwargs)
-            if key is not None:
+            if key in seen and graphs_compiled() > before:  # an audit call needed a new graph
+                stop_skipping()
+            elif key is not None and state["skip"]:
                 seen.add(key)
             return out
+
+    def stop_skipping() -> None:
+        state["skip"] = False
+        seen.clear()
+        warnings.warn("minillm: a compiled decode step needed a new graph for a shape class it had already "
+                      "seen; its guards now run on every step", RuntimeWarning, stacklevel=3)
 
     call.shape_classes_seen = seen  # type: ignore[attr-defined]
     return call
