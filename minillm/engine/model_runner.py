@@ -79,7 +79,7 @@ class ModelRunner(Executor):
         self.compiled_logits = None
         self.last_hidden: torch.Tensor | None = None  # final hidden states of the last step's logit rows
         if config.compile:
-            self.compiled_decode = frozen_compile(model.forward)
+            self.compiled_decode = frozen_compile(model.forward, cpu_wrapper=self.device.type == "cpu")
             mark_pool_static(self.pool.tensors())
             if isinstance(model.lm_head, QuantLinear):
                 # a quantized head is fastest as an inductor-fused dequantize-and-reduce at batch 1
