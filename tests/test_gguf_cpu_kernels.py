@@ -60,6 +60,23 @@ def _matmul(x: torch.Tensor, blocks: np.ndarray, type_name: str, portable: bool 
     return ops.qmatmul(*act, torch.from_numpy(blocks).reshape(-1), tid, blocks.shape[0], portable)
 
 
+@pytest.mark.parametrize("block", [32, 256])
+def test_the_activation_codes_equal_a_plain_torch_quantizer(block):
+    """int8 codes per block: scale amax / 127, codes x * (1 / scale) rounded half to even (the SIMD
+    conversion's rounding and std::nearbyint's); exact, zero blocks and all."""
+    x = torch.randn(3, 512) * torch.tensor([1.0, 1e-3, 40.0])[:, None]
+    x[1, :block] = 0.0  # an all-zero block: scale 0, codes 0
+    q, d, bs, xs = gguf_cpu.load().quantize_act(x, block)
+    blocks = x.reshape(3, -1, block)
+    scale = blocks.abs().amax(-1) / 127
+    inv = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    codes = torch.round(blocks * inv[..., None]).to(torch.int8).reshape(3, 512)
+    assert torch.equal(d, scale)
+    assert torch.equal(q, codes)
+    assert torch.equal(bs, codes.reshape(3, -1, 16).sum(-1).to(torch.int16))
+    assert torch.equal(xs, scale.repeat_interleave(block // 32, 1) * codes.reshape(3, -1, 32).sum(-1).float())
+
+
 @pytest.mark.parametrize("type_name", TYPES)
 def test_dequantize_equals_gguf_py(type_name):
     rows, k = 40, 512
