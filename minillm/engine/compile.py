@@ -107,16 +107,18 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
         quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
         key = shape_class((args, kwargs)) if state["skip"] else None
         state["calls"] += 1
+        if key in seen and state["calls"] % AUDIT_EVERY:
+            # no config patches here: they are read only when a graph compiles, and nothing compiles
+            # under this stance (Dynamo refuses, raising before the graph runs)
+            try:
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    return compiled(*args, **kwargs)
+            except RuntimeError as e:
+                if "skip_guard_eval_unsafe" not in str(e):
+                    raise
+                stop_skipping()
         with inductor_config.patch(freezing=True, max_autotune=True, **quiet, **wrapper), \
                 dynamo_config.patch(specialize_float=True), shape_config.patch(use_duck_shape=False):
-            if key in seen and state["calls"] % AUDIT_EVERY:
-                try:
-                    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                        return compiled(*args, **kwargs)
-                except RuntimeError as e:  # Dynamo refuses to recompile under this stance, before running
-                    if "skip_guard_eval_unsafe" not in str(e):
-                        raise
-                    stop_skipping()
             before = graphs_compiled()
             out = compiled(*args, **kwargs)
             if key in seen and graphs_compiled() > before:  # an audit call needed a new graph
