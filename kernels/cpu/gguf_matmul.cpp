@@ -603,6 +603,14 @@ void check_weight(const at::Tensor& w, int64_t t, int64_t n, int64_t k) {
               " bytes, expected ", n * (k / block_weights(t)) * block_bytes(t), " for ", n, " x ", k);
 }
 
+// m rows of x [m, k] into the four activation arrays (quantize_act's tensors or linear()'s scratch)
+void quantize_rows(const float* px, int64_t m, int64_t k, int64_t block, int8_t* q, float* xd, int16_t* bs, float* xs) {
+  at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      quantize_row(px + r * k, k, block, q + r * k, xd + r * (k / block), bs + r * (k / 16), xs + r * (k / 32));
+  });
+}
+
 // ----- the ops -----
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_in, int64_t block) {
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
@@ -613,15 +621,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_act(const at
   at::Tensor xd = at::empty({m, k / block}, x.options());
   at::Tensor bs = at::empty({m, k / 16}, x.options().dtype(at::kShort));
   at::Tensor xs = at::empty({m, k / 32}, x.options());
-  const float* px = x.data_ptr<float>();
-  int8_t* pq = q.data_ptr<int8_t>();
-  float* pd = xd.data_ptr<float>();
-  int16_t* ps = bs.data_ptr<int16_t>();
-  float* pxs = xs.data_ptr<float>();
-  at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      quantize_row(px + r * k, k, block, pq + r * k, pd + r * (k / block), ps + r * (k / 16), pxs + r * (k / 32));
-  });
+  quantize_rows(x.data_ptr<float>(), m, k, block, q.data_ptr<int8_t>(), xd.data_ptr<float>(), bs.data_ptr<int16_t>(),
+                xs.data_ptr<float>());
   return {q, xd, bs, xs};
 }
 
@@ -712,12 +713,7 @@ QuantizedActs quantize_into(const at::Tensor& x, int64_t block, ActScratch& s) {
   s.d.resize(m * (k / block));
   s.bs.resize(m * (k / 16));
   s.xs.resize(m * (k / 32));
-  const float* px = x.data_ptr<float>();
-  at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      quantize_row(px + r * k, k, block, s.q.data() + r * k, s.d.data() + r * (k / block),
-                   s.bs.data() + r * (k / 16), s.xs.data() + r * (k / 32));
-  });
+  quantize_rows(x.data_ptr<float>(), m, k, block, s.q.data(), s.d.data(), s.bs.data(), s.xs.data());
   return {s.q.data(), s.d.data(), s.xs.data(), s.bs.data(), m, k, k / block};
 }
 

@@ -19,8 +19,8 @@ happened to be equal at compile time, say a batch of 3 and a 3-block table, stay
 a relation the shape class cannot see), and every AUDIT_EVERY-th call of a seen class runs
 the full guards anyway: if that compiles a new graph, the classes missed a distinction, so
 skipping stops for this function with a warning. (Dynamo itself refuses to compile under
-the skipping stance; that refusal, raised before the graph runs, stops the skipping too.) MINILLM_COMPILE_GUARDS=always turns the
-skipping off.
+the skipping stance; that refusal, raised before the graph runs, stops the skipping too.)
+MINILLM_COMPILE_GUARDS=always turns the skipping off.
 """
 from __future__ import annotations
 
@@ -98,13 +98,11 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
     compiled = torch.compile(fn, dynamic=True)
     seen: set[Hashable] = set()
     state = {"skip": skip_seen_guards, "calls": 0}
-    wrapper = wrapper_options(cpu_wrapper)
+    # max_autotune still picks each GEMM's kernel, but prints no AUTOTUNE table or choice stats per GEMM
+    quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+    inductor_options = dict(freezing=True, max_autotune=True, **quiet, **wrapper_options(cpu_wrapper))
 
     def call(*args, **kwargs):
-        # specialize_float: module floats (RMSNorm eps) become constants checked by a C++ guard,
-        # not ~120 Python lambda guards evaluated before every step
-        # max_autotune still picks each GEMM's kernel, but prints no AUTOTUNE table or choice stats per GEMM
-        quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
         key = shape_class((args, kwargs)) if state["skip"] else None
         state["calls"] += 1
         if key in seen and state["calls"] % AUDIT_EVERY:
@@ -117,7 +115,9 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
                 if "skip_guard_eval_unsafe" not in str(e):
                     raise
                 stop_skipping()
-        with inductor_config.patch(freezing=True, max_autotune=True, **quiet, **wrapper), \
+        # specialize_float: module floats (RMSNorm eps) become constants checked by a C++ guard,
+        # not ~120 Python lambda guards evaluated before every step
+        with inductor_config.patch(**inductor_options), \
                 dynamo_config.patch(specialize_float=True), shape_config.patch(use_duck_shape=False):
             before = graphs_compiled()
             out = compiled(*args, **kwargs)
