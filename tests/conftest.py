@@ -25,6 +25,24 @@ if "MINILLM_QUANT_CPU_ROUTE" not in os.environ:
     os.environ["MINILLM_QUANT_CPU_ROUTE"] = "bf16"
     os.environ["MINILLM_TESTS_PINNED_ROUTE"] = "1"
 
+
+
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (scripts/test.sh runs one worker per CPU) give each worker its own share of the
+    CPUs, so two workers' torch thread pools never fight over one core; the processes a test starts
+    (TP ranks, servers, notebook kernels) inherit the share."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    share = set(cpus[int(worker[2:]) % count::count])
+    if share:
+        os.sched_setaffinity(0, share)
+        torch.set_num_threads(len(share))
+
+
+_pin_xdist_worker()
+
 # Without a GPU the Triton kernels run under the interpreter, which must be switched on before
 # anything imports triton -- torch.compile does (test_engine_compile runs before the Triton tests).
 import minillm.kernels  # noqa: E402,F401  (sets TRITON_INTERPRET=1 unless a GPU is present or it is set)

@@ -2,7 +2,7 @@
 
 The fast tests check the notebooks as files. The slow one is what CI runs to execute them:
 
-    MINILLM_EXECUTED_NOTEBOOKS=DIR pytest --nbval-lax --nbval-current-env notebooks/
+    MINILLM_EXECUTED_NOTEBOOKS=DIR python scripts/run_notebooks.py   # nbval per notebook, in CPU-pinned lanes
     MINILLM_EXECUTED_NOTEBOOKS=DIR bash scripts/build_book.sh
 
 nbval executes every cell (and compares the few outputs marked NBVAL_CHECK_OUTPUT); the
@@ -110,11 +110,8 @@ def test_notebooks_execute_under_nbval_and_the_book_builds(tmp_path):
     env = dict(os.environ, MINILLM_EXECUTED_NOTEBOOKS=str(tmp_path / "executed"))
     if env.pop("MINILLM_TESTS_PINNED_ROUTE", None):  # the suite's route pin (conftest.py), not the reader's
         env.pop("MINILLM_QUANT_CPU_ROUTE", None)
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
-         "--nbval-cell-timeout=900", "notebooks/"],
-        cwd=ROOT, env=env, capture_output=True, text=True,
-    )
+    # scripts/run_notebooks.py: nbval per notebook, in lanes pinned to their own CPUs (2 on a 2-core machine)
+    run = subprocess.run([sys.executable, "scripts/run_notebooks.py"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "executed").glob("*.ipynb")) == [p.name for p in NOTEBOOKS]
     book = subprocess.run(["bash", "scripts/build_book.sh"], cwd=ROOT, env=env, capture_output=True, text=True)

@@ -32,10 +32,10 @@ def fake_path(tmp_path):
     return bin_dir
 
 
-def run_test_sh(bin_dir: Path, tmp_path: Path, **env: str) -> tuple[list[str], str]:
+def run_test_sh(bin_dir: Path, tmp_path: Path, args: tuple[str, ...] = ("-k", "x"), **env: str) -> tuple[list[str], str]:
     calls = tmp_path / "calls.txt"
     run_env = {"PATH": str(bin_dir), "CALLS": str(calls), "HOME": str(tmp_path), **env}
-    proc = subprocess.run([str(bin_dir / "bash"), str(ROOT / "scripts" / "test.sh"), "-k", "x"], env=run_env,
+    proc = subprocess.run([str(bin_dir / "bash"), str(ROOT / "scripts" / "test.sh"), *args], env=run_env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return calls.read_text().splitlines(), proc.stderr
@@ -57,3 +57,24 @@ def test_quick_mode_runs_the_fast_subset_without_models_or_chromium(fake_path, t
     assert not any("models" in c for c in calls if "pip" in c)
     pytest_call = next(c for c in calls if c.startswith("python3 -m pytest"))
     assert "-rs -m not slow -k x" in pytest_call
+
+
+def test_the_whole_suite_runs_in_two_phases_with_a_worker_per_cpu(fake_path, tmp_path):
+    """Phase 1: every test but the notebooks' run, in pytest-xdist workers (one per CPU, whole files each);
+    phase 2: the notebooks' run alone, so its timed claims do not share the CPUs with other tests."""
+    # a python3 that reports 2 usable CPUs (and, as a recorder, that xdist imports)
+    (fake_path / "python3").write_text(RECORDER + 'case "$2" in *sched_getaffinity*) echo 2;; esac\n')
+    calls, err = run_test_sh(fake_path, tmp_path, args=(), MINILLM_TEST_MODELS="0")
+    runs = [c for c in calls if c.startswith("python3 -m pytest")]
+    notebooks = "tests/test_notebooks.py::test_notebooks_execute_under_nbval_and_the_book_builds"
+    assert len(runs) == 2, runs
+    assert "-n 2 --dist loadfile" in runs[0] and runs[0].endswith(f"--deselect {notebooks}"), runs[0]
+    assert runs[1].endswith(notebooks) and " -n " not in runs[1] and " -rs " in runs[1], runs[1]
+    assert "phase 1 of 2" in err and "phase 2 of 2" in err
+
+
+def test_one_worker_when_asked(fake_path, tmp_path):
+    (fake_path / "python3").write_text(RECORDER + 'case "$2" in *sched_getaffinity*) echo 2;; esac\n')
+    calls, _ = run_test_sh(fake_path, tmp_path, args=(), MINILLM_TEST_MODELS="0", MINILLM_TEST_WORKERS="1")
+    runs = [c for c in calls if c.startswith("python3 -m pytest")]
+    assert len(runs) == 2 and not any(" -n " in r for r in runs), runs
