@@ -24,15 +24,16 @@ def reference(q, k_cache, v_cache, tables, lens, scale, window):
     return paged_decode(q.float(), k_cache.float(), v_cache.float(), rows, mask, scale)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(batch=st.integers(1, 6), kv_heads=st.sampled_from([1, 2, 3]), group=st.sampled_from([1, 3, 4]),
-       head_dim=st.sampled_from([16, 20, 64]), block_size=st.sampled_from([1, 4, 16]),
+       head_dim=st.sampled_from([16, 20, 64, 72, 128]), block_size=st.sampled_from([1, 4, 16]),
        window=st.sampled_from([None, 1, 5, 40]), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
        table_dtype=st.sampled_from([torch.int32, torch.int64]), seed=st.integers(0, 2**16))
 def test_kernel_equals_the_gather_path(batch, kv_heads, group, head_dim, block_size, window, dtype, table_dtype,
                                        seed):
-    """head_dim 16/64 take the 8-keys-at-a-time AVX2 path (its tail keys the plain loop), 20 the plain
-    loop only; int64 tables are cast, int32 ones read as given."""
+    """head_dim 16/64/72/128 take the 8-keys-at-a-time AVX2 path (its tail keys the plain loop), 20 the
+    plain loop only; the V sum's 64-column register strips: none (16), one (64), one and a chunk of 8
+    (72), two (128), over tiles of 32 keys (up to 96 here); int64 tables are cast, int32 ones read as given."""
     g = torch.Generator().manual_seed(seed)
     num_blocks, per_seq = 48, 6
     k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
