@@ -63,7 +63,7 @@ def nbval_command(notebook: Path, cell_timeout: int) -> list[str]:
 
 
 def run_lane(lane: int, cpus: set[int], todo: "queue.Queue[Path]", results: list[Result], cell_timeout: int,
-             env: dict[str, str], pinned: bool) -> None:
+             pinned: bool) -> None:
     def pin() -> None:  # runs in the child before exec: the kernel nbval starts inherits it
         if pinned:
             os.sched_setaffinity(0, cpus)
@@ -74,7 +74,7 @@ def run_lane(lane: int, cpus: set[int], todo: "queue.Queue[Path]", results: list
         except queue.Empty:
             return
         start = time.perf_counter()
-        run = subprocess.run(nbval_command(notebook, cell_timeout), cwd=ROOT, env=env, capture_output=True, text=True,
+        run = subprocess.run(nbval_command(notebook, cell_timeout), cwd=ROOT, capture_output=True, text=True,
                              preexec_fn=pin)
         seconds = time.perf_counter() - start
         results.append(Result(notebook, lane, seconds, run.returncode, run.stdout + run.stderr))
@@ -85,12 +85,11 @@ def run_lane(lane: int, cpus: set[int], todo: "queue.Queue[Path]", results: list
 def run_notebooks(notebooks: list[Path], lanes: int, cell_timeout: int = 900) -> list[Result]:
     shares = cpu_shares(lanes)
     pinned = hasattr(os, "sched_setaffinity") and len(shares) > 1
-    env = dict(os.environ)
     todo: "queue.Queue[Path]" = queue.Queue()
     for nb in sorted(notebooks, key=lambda p: -SECONDS.get(p.stem, UNKNOWN_SECONDS)):
         todo.put(nb)
     results: list[Result] = []
-    threads = [threading.Thread(target=run_lane, args=(k, cpus, todo, results, cell_timeout, env, pinned))
+    threads = [threading.Thread(target=run_lane, args=(k, cpus, todo, results, cell_timeout, pinned))
                for k, cpus in enumerate(shares)]
     for t in threads:
         t.start()

@@ -26,7 +26,6 @@ if "MINILLM_QUANT_CPU_ROUTE" not in os.environ:
     os.environ["MINILLM_TESTS_PINNED_ROUTE"] = "1"
 
 
-
 def _pin_xdist_worker() -> None:
     """Under pytest-xdist (scripts/test.sh runs one worker per CPU) give each worker its own share of the
     CPUs, so two workers' torch thread pools never fight over one core; the processes a test starts
