@@ -25,6 +25,44 @@ def test_gpu_script_smoke_run_writes_every_section(tmp_path):
     assert e["greedy_agreement"]["triton_vs_torch"]["identical"] == 1.0
     assert e["greedy_agreement"]["torch_vs_transformers"]["identical"] == 1.0
     assert e["throughput"]["minillm_output_tok_per_s"] > 0 and e["throughput"]["transformers_output_tok_per_s"] > 0
+    assert e["batch1_eager"]["tok_per_s"] > 0 and rep["failures"] == []
+
+
+def test_a_failing_part_keeps_the_others_and_the_json_is_written_after_each(tmp_path, monkeypatch):
+    """A short GPU loan must not lose every figure to one crash: the part records its error, the rest run."""
+    from minillm.bench import gpu
+
+    out = tmp_path / "gpu.json"
+    seen_on_disk = []
+    real = gpu.run_section
+
+    def spy(target, key, fn, deadline, save):
+        real(target, key, fn, deadline, save)
+        seen_on_disk.append(key in json.dumps(json.loads(out.read_text())))
+
+    def broken(*a, **k):
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(gpu, "run_section", spy)
+    monkeypatch.setattr(gpu, "kernel_checks", broken)
+    monkeypatch.setattr(gpu, "SMOKE_SHAPE", {**gpu.SMOKE_SHAPE, "num_hidden_layers": 1})
+    assert gpu.main(["--smoke", "--json", str(out)]) == 1
+    rep = json.loads(out.read_text())
+    assert "planted failure" in rep["kernel_checks"]["error"] and "Traceback" in rep["kernel_checks"]["traceback"]
+    assert rep["engine"]["smoke"]["throughput"]["minillm_output_tok_per_s"] > 0  # the engine part still ran
+    assert any("kernel_checks: error: RuntimeError: planted failure" in f for f in rep["failures"])
+    assert not rep["all_kernel_checks_ok"] and seen_on_disk and all(seen_on_disk)
+
+
+def test_past_the_budget_parts_are_skipped_and_reported(tmp_path):
+    from minillm.bench import gpu
+
+    out = tmp_path / "gpu.json"
+    assert gpu.main(["--smoke", "--budget-s", "0", "--json", str(out)]) == 1
+    rep = json.loads(out.read_text())
+    assert rep["kernel_checks"] == {"skipped": "out of time (--budget-s)"}
+    assert "skipped" in rep["engine"]["smoke"]
+    assert {f.split(":")[0] for f in rep["failures"]} == {"kernel_checks", "engine.smoke"}
 
 
 def test_gpu_script_refuses_a_full_run_without_a_gpu(capsys):

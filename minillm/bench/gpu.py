@@ -74,6 +74,9 @@ def timed(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> tupl
     return statistics.median(times), out
 
 
+Part = Callable[[dict, str, Callable[[], Any]], None]  # part(target, key, fn): run fn into target[key], guarded
+
+
 # ----- 1. kernels ---------------------------------------------------------------------------
 def kernel_checks(device: str, smoke: bool) -> list[dict]:
     """check_all (float caches) plus the int8 / fp8 caches and the dequant matmuls."""
@@ -122,21 +125,37 @@ def kernel_checks(device: str, smoke: bool) -> list[dict]:
     return rows
 
 
-def kernel_timings(device: str) -> dict[str, Any]:
-    """GPU only: roofs, then paged decode, prefill vs SDPA, store, norms and dequant matmuls."""
-    import triton.testing
-
+def kernel_timings(device: str, part: Part, res: dict[str, Any]) -> dict[str, Any]:
+    """GPU only: roofs, then paged decode, prefill vs SDPA, store, norms and dequant matmuls (each its own part,
+    filled into ``res``, which is already in the report, so each is saved as soon as it is measured)."""
     from minillm.kernels import kv_store, paged_decode, prefill, rmsnorm, rope
     from minillm.kernels._common import measure_roofs
+
+    part(res, "roofs", lambda: measure_roofs(device))
+    roofs = res["roofs"] if "error" not in res["roofs"] else None
+    part(res, "paged_decode", lambda: [paged_decode.perf_report(batch=b, ctx=c, roofs=roofs)
+                                       for b in (1, 8, 32, 64) for c in (1024, 4096, 16384) if b * c <= 64 * 16384])
+    part(res, "prefill", lambda: [prefill.perf_report(seq_len=L, roofs=roofs) for L in (1024, 4096, 16384)])
+    part(res, "other", lambda: [kv_store.perf_report(roofs=roofs), rmsnorm.perf_report(roofs=roofs),
+                                rope.perf_report(roofs=roofs)])
+    part(res, "dequant_matmul", lambda: dequant_matmul_timings(device))
+    decode = res["paged_decode"] if isinstance(res["paged_decode"], list) else []
+    pre = res["prefill"] if isinstance(res["prefill"], list) else []
+    big = [r for r in decode if r["shape"]["B"] >= 32 and r["shape"]["ctx"] >= 2048]
+    p4k = next((r for r in pre if r["shape"]["L"] == 4096), {})
+    res["targets"] = {"paged_decode_frac_of_copy_bw": min((r["frac_of_copy_bw"] for r in big), default=None),
+                      "prefill_vs_sdpa_4k_slowdown": 1 / p4k["frac_of_sdpa"] if p4k.get("frac_of_sdpa") else None}
+    return res
+
+
+def dequant_matmul_timings(device: str) -> list[dict]:
+    """The int8 / int4 dequant matmuls against bf16 F.linear on the same weight, M = 1, 16, 256."""
+    import triton.testing
+
     from minillm.kernels.quant_matmul import w4a16_matmul, w8a16_matmul
     from minillm.quant.int4 import quantize_int4
     from minillm.quant.int8 import quantize_int8
 
-    roofs = measure_roofs(device)
-    decode = [paged_decode.perf_report(batch=b, ctx=c, roofs=roofs)
-              for b in (1, 8, 32, 64) for c in (1024, 4096, 16384) if b * c <= 64 * 16384]
-    pre = [prefill.perf_report(seq_len=L, roofs=roofs) for L in (1024, 4096, 16384)]
-    other = [kv_store.perf_report(roofs=roofs), rmsnorm.perf_report(roofs=roofs), rope.perf_report(roofs=roofs)]
     matmuls = []
     for n, k in ((4096, 4096), (14336, 4096)):
         wt = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
@@ -150,11 +169,7 @@ def kernel_timings(device: str) -> dict[str, Any]:
             i4 = triton.testing.do_bench(lambda: w4a16_matmul(x, q4w, q4s, 32))
             matmuls.append({"N": n, "K": k, "M": m, "bf16_linear_ms": base, "int8_ms": i8, "int4_ms": i4,
                             "int8_speedup": base / i8, "int4_speedup": base / i4})
-    big = [r for r in decode if r["shape"]["B"] >= 32 and r["shape"]["ctx"] >= 2048]
-    p4k = next(r for r in pre if r["shape"]["L"] == 4096)
-    return {"roofs": roofs, "paged_decode": decode, "prefill": pre, "other": other, "dequant_matmul": matmuls,
-            "targets": {"paged_decode_frac_of_copy_bw": min((r["frac_of_copy_bw"] for r in big), default=None),
-                        "prefill_vs_sdpa_4k_slowdown": 1 / p4k["frac_of_sdpa"] if p4k.get("frac_of_sdpa") else None}}
+    return matmuls
 
 
 # ----- 2. the engine on random-weight models ------------------------------------------------
@@ -227,7 +242,10 @@ def decode_tok_per_s(steps) -> float:
     return sum(len(n.token_ids) for s in dec for n in s.new_tokens) / max(1e-9, sum(s.duration_s for s in dec))
 
 
-def engine_checks(name: str, shape: dict, device: torch.device, smoke: bool) -> dict[str, Any]:
+def engine_checks(name: str, shape: dict, device: torch.device, smoke: bool, part: Part,
+                  res: dict[str, Any]) -> dict[str, Any]:
+    """Greedy agreement, batch-1 decode eager vs CUDA graphs, the throughput workload vs transformers (each a part,
+    filled into ``res``, which is already in the report)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     log(f"{name}: building the transformers model and minillm's copy ({dtype})")
     hf, model = build_pair(shape, device, dtype)
@@ -235,45 +253,54 @@ def engine_checks(name: str, shape: dict, device: torch.device, smoke: bool) -> 
     g = torch.Generator().manual_seed(1)
     kv_bytes = (64 << 20) if smoke else (16 << 30)
     short = [torch.randint(3, vocab, (16,), generator=g).tolist() for _ in range(4)]
-    n_tok = 8 if smoke else 32
-    res: dict[str, Any] = {"shape": shape, "dtype": str(dtype)}
-    outs = {}
-    for backend in ("torch", "triton"):
-        e = engine(model, backend, False, 8, kv_bytes, device)
-        outs[backend], _, _ = run_greedy(e, short, n_tok)
-        e.close()
-    outs["transformers"], _ = hf_greedy(hf, short, n_tok, device)
-    res["greedy_agreement"] = {"triton_vs_torch": agreement(outs["triton"], outs["torch"]),
-                               "torch_vs_transformers": agreement(outs["torch"], outs["transformers"])}
-    # batch-1 decode: eager vs CUDA graphs (the triton backend)
-    n_dec = 16 if smoke else 128
-    one = [short[0]]
-    speeds = {}
-    for label, graphs in (("eager", False), ("cuda_graphs", True)):
-        if graphs and device.type != "cuda":
-            continue
-        e = engine(model, "triton", graphs, 8, kv_bytes, device)
-        run_greedy(e, one, 4)  # warm-up
-        runs = [decode_tok_per_s(run_greedy(e, one, n_dec)[2]) for _ in range(3)]
-        speeds[label] = statistics.median(runs)
-        if graphs:
-            res["graph_buckets"] = e.executor.decode_graphs.buckets
-        e.close()
-    res["batch1_decode_tok_per_s"] = speeds
-    if "cuda_graphs" in speeds:
-        res["cuda_graphs_speedup"] = speeds["cuda_graphs"] / speeds["eager"]
-    # the throughput workload: N requests, equal prompts and outputs, all at once
     n_req, p_len, o_len = (4, 16, 8) if smoke else (64, 128, 128)
     prompts = [torch.randint(3, vocab, (p_len,), generator=g).tolist() for _ in range(n_req)]
-    e = engine(model, "triton", None if device.type == "cuda" else False, n_req, kv_bytes, device)
-    run_greedy(e, prompts[:2], 4)  # warm-up
-    _, wall, _ = run_greedy(e, prompts, o_len)
-    e.close()
-    hf_greedy(hf, prompts[:2], 4, device)  # warm-up
-    _, hf_wall = hf_greedy(hf, prompts, o_len, device)
-    res["throughput"] = {"requests": n_req, "prompt_len": p_len, "output_len": o_len,
-                         "minillm_output_tok_per_s": n_req * o_len / wall,
-                         "transformers_output_tok_per_s": n_req * o_len / hf_wall, "ratio": hf_wall / wall}
+    res.update(shape=shape, dtype=str(dtype))
+
+    def with_engine(backend: str, graphs: bool | None, max_num_seqs: int, fn: Callable[[Any], Any]) -> Any:
+        e = engine(model, backend, graphs, max_num_seqs, kv_bytes, device)
+        try:
+            return fn(e)
+        finally:  # a failed part gives its KV pool back before the next part allocates one
+            e.close()
+
+    def greedy_agreement() -> dict[str, Any]:
+        n_tok = 8 if smoke else 32
+        outs = {b: with_engine(b, False, 8, lambda e: run_greedy(e, short, n_tok)[0]) for b in ("torch", "triton")}
+        outs["transformers"], _ = hf_greedy(hf, short, n_tok, device)
+        return {"triton_vs_torch": agreement(outs["triton"], outs["torch"]),
+                "torch_vs_transformers": agreement(outs["torch"], outs["transformers"])}
+
+    def batch1_decode(graphs: bool) -> dict[str, Any]:
+        def measure(e) -> dict[str, Any]:
+            run_greedy(e, short[:1], 4)  # warm-up (and, with graphs, capture)
+            runs = [decode_tok_per_s(run_greedy(e, short[:1], 16 if smoke else 128)[2]) for _ in range(3)]
+            out: dict[str, Any] = {"tok_per_s": statistics.median(runs), "runs": runs}
+            if graphs:
+                out["graph_buckets"] = e.executor.decode_graphs.buckets
+            return out
+        return with_engine("triton", graphs, 8, measure)
+
+    def throughput() -> dict[str, Any]:
+        # N requests, equal prompts and outputs, all at once; CUDA graphs as the engine defaults them
+        def measure(e) -> float:
+            run_greedy(e, prompts[:2], 4)  # warm-up
+            return run_greedy(e, prompts, o_len)[1]
+        wall = with_engine("triton", None if device.type == "cuda" else False, n_req, measure)
+        hf_greedy(hf, prompts[:2], 4, device)  # warm-up
+        _, hf_wall = hf_greedy(hf, prompts, o_len, device)
+        return {"requests": n_req, "prompt_len": p_len, "output_len": o_len,
+                "minillm_output_tok_per_s": n_req * o_len / wall,
+                "transformers_output_tok_per_s": n_req * o_len / hf_wall, "ratio": hf_wall / wall}
+
+    part(res, "greedy_agreement", greedy_agreement)
+    part(res, "batch1_eager", lambda: batch1_decode(False))
+    if device.type == "cuda":
+        part(res, "batch1_cuda_graphs", lambda: batch1_decode(True))
+        eager, graphs = res["batch1_eager"].get("tok_per_s"), res["batch1_cuda_graphs"].get("tok_per_s")
+        if eager and graphs:
+            res["cuda_graphs_speedup"] = graphs / eager
+    part(res, "throughput", throughput)
     del hf, model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -304,35 +331,90 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def run_section(target: dict[str, Any], key: str, fn: Callable[[], Any], deadline: float,
+                save: Callable[[], None]) -> None:
+    """One part of the report: its result, or its error with the traceback, or "skipped" past the deadline;
+    the JSON is rewritten after every part, so a crash or a timeout late in a short GPU loan keeps the rest."""
+    import traceback
+
+    if time.time() > deadline:
+        target[key] = {"skipped": "out of time (--budget-s)"}
+        log(f"{key}: skipped, out of time")
+    else:
+        log(key)
+        t = time.time()
+        try:
+            target[key] = fn()
+        except Exception as e:  # keep going: the other parts' figures are worth the loan
+            failed = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            if isinstance(target.get(key), dict):  # a part that fills its dict as it goes keeps what it had
+                target[key].update(failed)
+            else:
+                target[key] = failed
+            log(f"{key}: FAILED {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        if isinstance(target[key], dict):
+            target[key]["seconds"] = round(time.time() - t, 1)
+    save()
+
+
+def failures(report: dict[str, Any]) -> list[str]:
+    """What went wrong: kernels over tolerance, and every part (at any depth) that raised or was skipped."""
+    bad = [f"{r['kernel']} {r['dtype']}: max abs err {r['max_abs_err']:.3g} > {r['tol']}"
+           for r in report.get("kernel_checks", []) if isinstance(r, dict) and not r.get("ok", True)]
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for why in ("error", "skipped"):
+                if why in node:
+                    bad.append(f"{path}: {why}: {node[why]}")
+            for k, v in node.items():
+                walk(v, f"{path}.{k}" if path else k)
+
+    walk(report, "")
+    return bad
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="minillm on one GPU: kernels, engine, peers; one JSON")
     ap.add_argument("--json", default="gpu_report.json")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on any device (CI: CPU, Triton interpreter)")
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="start no new part after this many seconds (a GPU loan is short); later parts say skipped")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.smoke:
         print("no CUDA device: run with --smoke for the toy run, or on a GPU machine", file=sys.stderr)
         return 2
     t0 = time.time()
-    report: dict[str, Any] = {"machine": machine(), "smoke": args.smoke, "targets": TARGETS}
-    log("kernel checks")
-    report["kernel_checks"] = kernel_checks(str(device), args.smoke)
-    if device.type == "cuda" and not args.smoke:
-        log("kernel timings")
-        report["kernel_timings"] = kernel_timings(str(device))
+    deadline = t0 + args.budget_s
+    report: dict[str, Any] = {"machine": machine(), "smoke": args.smoke, "targets": TARGETS, "engine": {}}
     shapes = {"smoke": SMOKE_SHAPE} if args.smoke else {n: SHAPES[n] for n in args.shapes}
-    report["engine"] = {}
-    for name, shape in shapes.items():
-        report["engine"][name] = engine_checks(name, shape, device, args.smoke)
+    # cheapest and most telling first: correctness, then the small model's engine, then kernel timings
+
+    def save() -> None:
+        report["seconds"] = time.time() - t0
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+
+    def part(target: dict, key: str, fn: Callable[[], Any]) -> None:
+        run_section(target, key, fn, deadline, save)
+
+    part(report, "kernel_checks", lambda: kernel_checks(str(device), args.smoke))
+    for i, (name, shape) in enumerate(shapes.items()):
+        res = report["engine"][name] = {}
+        part(report["engine"], name, lambda: engine_checks(name, shape, device, args.smoke, part, res))
         log(f"{name}: {json.dumps({k: v for k, v in report['engine'][name].items() if k != 'shape'}, default=str)}")
-    report["seconds"] = time.time() - t0
-    bad = [r for r in report["kernel_checks"] if not r["ok"]]
-    report["all_kernel_checks_ok"] = not bad
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=1, default=str)
-    for r in bad:
-        log(f"FAIL {r['kernel']} {r['dtype']}: max abs err {r['max_abs_err']:.3g} > {r['tol']}")
+        if i == 0 and device.type == "cuda" and not args.smoke:
+            timings = report["kernel_timings"] = {}
+            part(report, "kernel_timings", lambda: kernel_timings(str(device), part, timings))
+    bad = failures(report)
+    report["all_kernel_checks_ok"] = isinstance(report["kernel_checks"], list) and all(
+        r["ok"] for r in report["kernel_checks"])
+    report["failures"] = bad
+    save()
+    for b in bad:
+        log(f"FAIL {b}")
     log(f"wrote {args.json} in {report['seconds']:.0f} s")
     return 0 if not bad else 1
 
