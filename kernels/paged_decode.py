@@ -279,11 +279,16 @@ def paged_decode_attention_split(
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_seq_len: int, num_sms: int = 132) -> int:
-    """Enough splits to give every SM ~2 programs, but keep >= 256 keys per split."""
+    """Split only when the (sequence, kv head) programs leave SMs idle: then enough splits for ~2 programs
+    per SM, keeping >= 256 keys per split. Measured on an H200 (132 SMs, bf16, 32/8 heads, head_dim 128):
+    at batch 32 (256 programs) one split read 82% / 91% of the copy bandwidth at 2k / 4k keys, two splits
+    70% / 90%, four 47% / 88%, so a batch that already fills the SMs is not split."""
     if interpreting():
         return 1
-    want = math.ceil(2 * num_sms / max(1, batch * kv_heads))
-    return max(1, min(want, max_seq_len // 256, 64))
+    programs = max(1, batch * kv_heads)
+    if programs >= num_sms:
+        return 1
+    return max(1, min(math.ceil(2 * num_sms / programs), max_seq_len // 256, 64))
 
 
 def paged_decode_attention_ref(

@@ -20,8 +20,10 @@ def test_gpu_script_smoke_run_writes_every_section(tmp_path):
     kernels = {r["kernel"] for r in rep["kernel_checks"]}
     assert {"paged_decode", "prefill", "store_kv_cache", "w8a16_matmul", "w4a16_matmul"} <= kernels
     assert any("int8 KV" in r["dtype"] for r in rep["kernel_checks"])
+    assert all(0 < r["tol"] < 1 for r in rep["kernel_checks"])
     e = rep["engine"]["smoke"]
     # the same random weights in both systems: float32 greedy tokens agree
+    assert e["greedy_agreement"]["dtype"] == "torch.float32"
     assert e["greedy_agreement"]["triton_vs_torch"]["identical"] == 1.0
     assert e["greedy_agreement"]["torch_vs_transformers"]["identical"] == 1.0
     assert e["throughput"]["minillm_output_tok_per_s"] > 0 and e["throughput"]["transformers_output_tok_per_s"] > 0
@@ -82,3 +84,13 @@ def test_kv_budget_leaves_room_for_weights_and_activations():
     assert gpu_kv_budget_bytes(140 * gib, 137 * gib, 0.9, 2 * gib) == int(140 * gib * 0.9) - 3 * gib - 2 * gib
     with pytest.raises(ValueError, match="no room for a KV cache"):
         gpu_kv_budget_bytes(16 * gib, 2 * gib, 0.9, 1 * gib)
+
+
+def test_bf16_ulps_is_the_spacing_of_bf16_at_the_largest_output():
+    from minillm.bench.gpu import bf16_ulps
+
+    ref = torch.tensor([-5.0, 1.0])
+    next_bf16 = torch.tensor(5.0 + 2**-5, dtype=torch.bfloat16).float().item()  # representable: one ulp above 5
+    assert next_bf16 - 5.0 == bf16_ulps(ref, 1) and bf16_ulps(ref, 2) == 2**-4
+    assert torch.tensor(5.0 + 2**-7, dtype=torch.bfloat16).float().item() == 5.0  # a quarter ulp rounds away
+    assert bf16_ulps(torch.zeros(3), 2) == 0.0

@@ -99,3 +99,16 @@ def test_decode_reference_matches_dense_softmax():
         for hh in range(4):
             p = torch.softmax(k[:, hh // 2] @ w.q[b, hh] * 0.25, 0)
             torch.testing.assert_close(ref[b, hh], p @ v[:, hh // 2])
+
+
+def test_num_splits_only_when_the_batch_leaves_sms_idle(monkeypatch):
+    """Flash-decoding splits pay only while (sequence, kv head) programs are fewer than the SMs (H200 sweep)."""
+    from minillm.kernels import paged_decode as pd
+
+    monkeypatch.setattr(pd, "interpreting", lambda: False)
+    assert pd.choose_num_splits(32, 8, 4096, num_sms=132) == 1  # 256 programs already cover 132 SMs
+    assert pd.choose_num_splits(16, 8, 4096, num_sms=132) == 3  # 128 programs: ~2 per SM after splitting
+    assert pd.choose_num_splits(8, 8, 4096, num_sms=132) == 5
+    assert pd.choose_num_splits(1, 8, 16384, num_sms=132) == 33
+    assert pd.choose_num_splits(1, 8, 600, num_sms=132) == 2  # >= 256 keys per split
+    assert pd.choose_num_splits(1, 8, 100, num_sms=132) == 1
