@@ -33,10 +33,12 @@ TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14} 
 BLOCK = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210),  # id -> (weights, bytes)
          1012: (256, 148),  # Q4_Kx8: our 8-row interleaved Q4_K (1184 bytes per 8 rows and super-block)
          1003: (32, 20),  # Q4_1x8: our 8-row interleaved Q4_1 (160 bytes per 8 rows and block of 32)
-         1008: (32, 34)}  # Q8_0x8: our 8-row interleaved Q8_0 (272 bytes per 8 rows and block of 32)
+         1008: (32, 34),  # Q8_0x8: our 8-row interleaved Q8_0 (272 bytes per 8 rows and block of 32)
+         1006: (32, 22)}  # Q5_0x8: our 8-row interleaved Q5_0 (176 bytes per 8 rows and block of 32)
 Q4_KX8 = 1012
 Q4_1X8 = 1003
 Q8_0X8 = 1008
+Q5_0X8 = 1006
 
 
 class GGUFKernelUnavailable(RuntimeError):
@@ -234,9 +236,54 @@ def unpack_q8_0_x8(packed: torch.Tensor, rows: int, in_features: int) -> torch.T
     return torch.cat([d, codes], dim=-1).transpose(1, 2).reshape(rows, nb * 34).contiguous()
 
 
+_BIT = 2 ** torch.arange(32, dtype=torch.int64)
+
+
+def _qh_step_order(qh: torch.Tensor) -> torch.Tensor:
+    """Q5_0's high-bit words (uint8 [..., 4], bit j = element j) -> 4 bytes where byte s holds elements
+    4s..4s+3 in its low nibble and 16+4s..16+4s+3 in its high nibble (the order the kernel's steps read)."""
+    word = (qh.to(torch.int64) << torch.tensor([0, 8, 16, 24])).sum(-1)
+    bits = (word[..., None] >> torch.arange(32)) & 1  # [..., 32]
+    lo, hi = bits[..., :16].reshape(*bits.shape[:-1], 4, 4), bits[..., 16:].reshape(*bits.shape[:-1], 4, 4)
+    return ((lo << torch.arange(4)).sum(-1) | (hi << torch.arange(4, 8)).sum(-1)).to(torch.uint8)
+
+
+def _qh_file_order(steps: torch.Tensor) -> torch.Tensor:
+    """The inverse of _qh_step_order: 4 step bytes -> the file's high-bit word as uint8 [..., 4]."""
+    b = steps.to(torch.int64)
+    lo = ((b[..., None] >> torch.arange(4)) & 1).reshape(*b.shape[:-1], 16)
+    hi = ((b[..., None] >> torch.arange(4, 8)) & 1).reshape(*b.shape[:-1], 16)
+    word = (torch.cat([lo, hi], -1) * _BIT).sum(-1)
+    return ((word[..., None] >> torch.tensor([0, 8, 16, 24])) & 0xFF).to(torch.uint8)
+
+
+def repack_q5_0_x8(raw: torch.Tensor) -> torch.Tensor:
+    """Q5_0 rows uint8 [N, nb * 22] (N % 8 == 0) -> the Q5_0X8 layout, flat: per group of 8 rows and block
+    of 32, d[8] (fp16), the high bits as 8 words in step order (_qh_step_order), then the codes as
+    [step 4][row 8][4 bytes] (Q4_1X8's order)."""
+    n = raw.shape[0]
+    if n % 8:
+        raise ValueError(f"Q5_0x8 needs a multiple of 8 rows, got {n}")
+    blocks = raw.reshape(n // 8, 8, -1, 22).transpose(1, 2)  # [groups, nb, 8 rows, 22]
+    g, nb = blocks.shape[:2]
+    hb = _qh_step_order(blocks[..., 2:6])  # [g, nb, 8, 4]
+    codes = blocks[..., 6:22].reshape(g, nb, 8, 4, 4).transpose(2, 3)  # [g, nb, step, row, 4]
+    parts = (blocks[..., 0:2], hb, codes)
+    return torch.cat([p.reshape(g, nb, -1) for p in parts], dim=-1).reshape(-1).contiguous()
+
+
+def unpack_q5_0_x8(packed: torch.Tensor, rows: int, in_features: int) -> torch.Tensor:
+    """The inverse of repack_q5_0_x8: the file's Q5_0 rows uint8 [rows, nb * 22]."""
+    g, nb = rows // 8, in_features // 32
+    x = packed.reshape(g, nb, 176)
+    d, hb = x[..., 0:16].reshape(g, nb, 8, 2), _qh_file_order(x[..., 16:48].reshape(g, nb, 8, 4))
+    codes = x[..., 48:].reshape(g, nb, 4, 8, 4).transpose(2, 3).reshape(g, nb, 8, 16)
+    return torch.cat([d, hb, codes], dim=-1).transpose(1, 2).reshape(rows, nb * 22).contiguous()
+
+
 def interleave(type_name: str, raw: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     """A file type's rows [N, row bytes] in our 8-row layout and its kernel type id, or None where
-    the row-by-row kernel stays (Q6_K: the same scheme measured 14.4 vs 26.0 GB/s; Q5_0; N % 8 != 0)."""
+    the row-by-row kernel stays (Q6_K: the same scheme measured 14.4 vs 26.0 GB/s; N % 8 != 0)."""
     if raw.shape[0] % 8:
         return None
     if type_name == "Q4_K":
@@ -245,6 +292,8 @@ def interleave(type_name: str, raw: torch.Tensor) -> tuple[torch.Tensor, int] | 
         return repack_q4_1_x8(raw, type_name), Q4_1X8
     if type_name == "Q8_0":
         return repack_q8_0_x8(raw), Q8_0X8
+    if type_name == "Q5_0":
+        return repack_q5_0_x8(raw), Q5_0X8
     return None
 
 
@@ -255,6 +304,8 @@ def deinterleave(type_id: int, packed: torch.Tensor, rows: int, in_features: int
         return unpack_q4k_x8(packed, rows, in_features).reshape(-1), TYPE_IDS["Q4_K"]
     if type_id == Q4_1X8:
         return unpack_q4_1_x8(packed, rows, in_features).reshape(-1), TYPE_IDS["Q4_1"]
+    if type_id == Q5_0X8:
+        return unpack_q5_0_x8(packed, rows, in_features).reshape(-1), TYPE_IDS["Q5_0"]
     if type_id == Q8_0X8:
         return unpack_q8_0_x8(packed, rows, in_features).reshape(-1), TYPE_IDS["Q8_0"]
     return packed, type_id

@@ -144,9 +144,11 @@ def _interleaved_products(x: torch.Tensor) -> dict[str, list]:
     q4k = gguf_cpu.repack_q4k_x8(torch.from_numpy(random_blocks("Q4_K", 24, 512, seed=6)))
     q41 = gguf_cpu.repack_q4_1_x8(torch.from_numpy(random_blocks("Q4_1", 24, 512, seed=6)))
     q80 = gguf_cpu.repack_q8_0_x8(torch.from_numpy(random_blocks("Q8_0", 24, 512, seed=6)))
+    q50 = gguf_cpu.repack_q5_0_x8(torch.from_numpy(random_blocks("Q5_0", 24, 512, seed=6)))
     return {"Q4_KX8": ops.linear(x, [q4k], [gguf_cpu.Q4_KX8], None).tolist(),
             "Q4_1X8": ops.linear(x, [q41], [gguf_cpu.Q4_1X8], None).tolist(),
-            "Q8_0X8": ops.linear(x, [q80], [gguf_cpu.Q8_0X8], None).tolist()}
+            "Q8_0X8": ops.linear(x, [q80], [gguf_cpu.Q8_0X8], None).tolist(),
+            "Q5_0X8": ops.linear(x, [q50], [gguf_cpu.Q5_0X8], None).tolist()}
 
 
 @pytest.mark.slow  # two extra builds of the kernels (~20 s each, cached afterwards)
@@ -264,6 +266,35 @@ def test_the_interleaved_q8_0_layout_round_trips_and_multiplies_like_the_files()
     torch.testing.assert_close(batch, alone, rtol=0, atol=0)
     with pytest.raises(ValueError, match="multiple of 8"):
         gguf_cpu.repack_q8_0_x8(raw[:12])
+
+
+def test_the_interleaved_q5_0_layout_round_trips_and_multiplies_like_the_files():
+    """Q5_0x8 (most of Qwen2.5-Coder-0.5B's layers: 896 columns are no K-quant's multiple of 256): the
+    high bits reordered per step come back as the file's words; the products equal the row kernel's."""
+    raw = torch.from_numpy(random_blocks("Q5_0", 48, 768, seed=18))
+    packed = gguf_cpu.repack_q5_0_x8(raw)
+    assert packed.numel() == raw.numel()
+    assert torch.equal(gguf_cpu.unpack_q5_0_x8(packed, 48, 768), raw)
+    # one high bit alone: element 17 of row 3, block 0 -> step 0's byte (elements 16..19 in its high nibble)
+    one = torch.zeros(8, 22, dtype=torch.uint8)
+    one[3, 2 + 17 // 8] = 1 << (17 % 8)
+    hb = gguf_cpu.repack_q5_0_x8(one)[16:48].reshape(8, 4)
+    assert hb[3].tolist() == [1 << 5, 0, 0, 0] and int(hb.sum()) == 32
+    ops = gguf_cpu.load()
+    if ops.isa() == "portable":
+        pytest.skip("the interleaved kernel is AVX2 code")
+    x = torch.randn(6, 768, generator=torch.Generator().manual_seed(19))
+    want = ops.linear(x, [raw.reshape(-1).contiguous()], [gguf_cpu.TYPE_IDS["Q5_0"]], None)
+    got = ops.linear(x, [packed], [gguf_cpu.Q5_0X8], None)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    ref = x @ _ref("Q5_0", raw.numpy(), 768).T
+    assert (got - ref).norm() / ref.norm() < ACT_TOL
+    x9 = torch.randn(9, 768, generator=torch.Generator().manual_seed(20))
+    batch = ops.linear(x9, [packed], [gguf_cpu.Q5_0X8], None)
+    alone = torch.cat([ops.linear(x9[i : i + 1], [packed], [gguf_cpu.Q5_0X8], None) for i in range(9)])
+    torch.testing.assert_close(batch, alone, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gguf_cpu.repack_q5_0_x8(raw[:12])
 
 
 @pytest.mark.default_model

@@ -41,3 +41,14 @@ def test_unknown_proposer_fails_before_loading_the_model():
 
     with pytest.raises(ValueError, match="unknown proposer"):
         main(["spec", "--proposers", "eagle", "--model", "/nonexistent.gguf"])
+
+
+def test_a_draft_model_proposer_can_cut_its_vocabulary():
+    from minillm.bench.spec import Proposer
+
+    assert Proposer("draft:qwen2.5-coder-0.5b").speculative == {
+        "method": "draft", "model": "qwen2.5-coder-0.5b", "num_tokens": 1}
+    assert Proposer("draft:qwen2.5-coder-0.5b@32768").speculative == {
+        "method": "draft", "model": "qwen2.5-coder-0.5b", "num_tokens": 1, "draft_vocab": 32768}
+    assert Proposer("draft:/models/a@b.gguf").speculative["model"] == "/models/a@b.gguf"  # not a number: a path
+    assert Proposer("draft:qwen2.5-coder-0.5b@32768").is_draft_model

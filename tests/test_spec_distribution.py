@@ -87,6 +87,9 @@ SPECS = {
     # a separate draft model with its own KV pool: another random model of the same vocabulary,
     # so q differs from p everywhere and the residual max(p - q, 0) matters
     "draft_model": {"method": "draft", "model": "separate", "num_tokens": 3},
+    # the same draft with its LM head cut to 3 of the 5 ids (draft_vocab.py): q is 0 on ids 2 and 4,
+    # which only the residual can produce
+    "draft_model_vocab": {"method": "draft", "model": "separate_restricted", "num_tokens": 3},
     # Medusa: deterministic top-1 guesses from heads on the target's hidden state (random heads here)
     "medusa": {"method": "medusa", "heads": "random", "num_tokens": 2},
     # a tree of their top-2 per head (6 candidates): several deterministic children per node
@@ -96,8 +99,13 @@ SPECS = {
 
 def spec_for(name: str) -> dict:
     spec = dict(SPECS[name])
-    if spec.get("model") == "separate":
+    if spec.get("model") in ("separate", "separate_restricted"):
+        restricted = spec["model"] == "separate_restricted"
         spec["model"] = tiny_model(seed=11, vocab=VOCAB, layers=1)
+        if restricted:
+            from minillm.spec_decode.draft_vocab import restrict_lm_head
+
+            restrict_lm_head(spec["model"], torch.tensor([0, 1, 3]))
     if spec.get("heads") == "random":
         from minillm.spec_decode.medusa_heads import MedusaHeads
 

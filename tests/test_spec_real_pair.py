@@ -143,3 +143,27 @@ def test_ngram_and_medusa_on_the_real_target_equal_plain_greedy(llm):
         if what == "medusa tree":
             assert any(r.draft_parents for r in recs)
         assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks, what
+
+
+def test_a_draft_with_a_cut_vocabulary_keeps_plain_greedy_output(llm):
+    """draft_vocab=32768 (spec_decode/draft_vocab.py): the 0.5B's Q8_0 LM head keeps the most frequent
+    rows of the stdlib-and-pydoc corpus; output equals plain greedy up to near-ties, guesses still land."""
+    if llm.setting != "gguf":
+        pytest.skip("run on the gguf setting only (the draft's own head type is what is cut)")
+    from minillm.quant.gguf_linear import GGUFLinear
+    from minillm.spec_decode.draft_vocab import RestrictedLMHead
+
+    e = LLMEngine(llm.engine.model, llm.tokenizer, llm.loaded.eos_token_ids, EngineConfig(
+        kv_cache_memory_bytes=256 << 20, quantization="gguf",
+        speculative={"method": "draft", "model": DRAFT, "num_tokens": 4, "draft_vocab": 32768}))
+    head = e.proposer.model.lm_head
+    assert isinstance(head, RestrictedLMHead) and isinstance(head.head, GGUFLinear)
+    assert 32768 <= head.head.out_features < 32768 + 64 and head.head.out_features % 8 == 0
+    ids = prompts(llm)
+    got = run(e, ids)
+    assert_same_up_to_near_ties(llm, ids, plain_greedy(llm, ids), got, "draft model, cut vocabulary")
+    recs = [r for s in e.trace for r in s.spec]
+    proposed, accepted = sum(r.num_proposed for r in recs), sum(r.num_accepted for r in recs)
+    assert proposed > 0 and 0.3 < accepted / proposed < 1.0, (accepted, proposed)
+    kept = set(head.token_ids.tolist())
+    assert all(t in kept for r in recs for t in r.draft_token_ids)

@@ -19,7 +19,7 @@
 //   Q6_K (14) 256 w, 210 B: 128 B low nibbles, 64 B high 2 bits, 16 int8 scales, fp16 d
 //                                                      w = d sc_i (q - 32)      (sub-block i of 16)
 // Our interleaved layouts (built at load by kernels/gguf_cpu.py, not file types): Q4_KX8 (1012) and
-// Q4_1X8 (1003) and Q8_0X8 (1008) hold 8 rows' blocks side by side so one register's lanes carry 8 rows' dot products.
+// Q4_1X8 (1003), Q5_0X8 (1006) and Q8_0X8 (1008) hold 8 rows' blocks side by side so one register's lanes carry 8 rows' dot products.
 // Nibble order: Q4_0/1 and Q5_0 hold elements 0..15 in the low nibbles and 16..31 in
 // the high ones; Q4_K's 32-byte chunk c holds sub-block 2c low and 2c+1 high.
 //
@@ -68,6 +68,11 @@ constexpr int64_t Q4_1X8 = 1003;
 // Q8_0 with 8 rows interleaved (repack_q8_0_x8): per 8 rows and block of 32, 272 bytes = fp16 d[8], then
 // the codes as [step 8][row 8][4 bytes] -- Q8_0's 34 bytes per row and block
 constexpr int64_t Q8_0X8 = 1008;
+// Q5_0 with 8 rows interleaved (repack_q5_0_x8): per 8 rows and block of 32, 176 bytes = fp16 d[8]; the
+// high bits as uint32 hb[8], reordered so byte s of row i's word holds the high bits of elements
+// 4s..4s+3 (low nibble) and 16+4s..16+4s+3 (high nibble), the two halves step s reads; then the codes
+// as [step 4][row 8][4 bytes] like Q4_1X8 -- Q5_0's 22 bytes per row and block
+constexpr int64_t Q5_0X8 = 1006;
 
 inline float fp16(const uint8_t* p) {
   uint16_t bits;
@@ -91,7 +96,7 @@ inline void prefetch_lines(const uint8_t* p, int lines) {
 #endif
 }
 
-inline bool interleaved(int64_t t) { return t == Q4_KX8 || t == Q4_1X8 || t == Q8_0X8; }
+inline bool interleaved(int64_t t) { return t == Q4_KX8 || t == Q4_1X8 || t == Q5_0X8 || t == Q8_0X8; }
 inline bool k_quant(int64_t t) { return t == Q4_K || t == Q6_K || t == Q4_KX8; }
 int64_t block_weights(int64_t t) { return k_quant(t) ? 256 : 32; }
 
@@ -106,6 +111,7 @@ int64_t block_bytes(int64_t t) {
     case Q4_KX8: return 148;  // 1184 / 8: per row and super-block
     case Q4_1X8: return 20;   // 160 / 8: per row and block of 32
     case Q8_0X8: return 34;   // 272 / 8: per row and block of 32
+    case Q5_0X8: return 22;   // 176 / 8: per row and block of 32
   }
   TORCH_CHECK(false, "minillm_gguf: unsupported GGUF type id ", t);
 }
@@ -569,6 +575,49 @@ void dot_q4_1_x8(const uint8_t* w, const Act* a, int64_t k, float* out) {
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
 
+// 8 rows of Q5_0X8 against R activation rows: Q4_1X8's loop, each code byte or-ed with its element's
+// high bit (0x10) first. Step s's 4 bytes per row need the high bits of elements 4s..4s+3 and
+// 16+4s..16+4s+3, which the repack put in byte s of the row's word: one shuffle spreads that byte over
+// the row's 4 lanes, and a test against 1, 2, 4, 8 (16, 32, 64, 128) picks element 4s+j's bit in byte j.
+template <int R>
+void dot_q5_0_x8(const uint8_t* w, const Act* a, int64_t k, float* out) {
+  const int64_t nb = k / 32;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), x10 = _mm256_set1_epi8(0x10);
+  const __m256i bit_lo = _mm256_set1_epi32(0x08040201), bit_hi = _mm256_set1_epi32(static_cast<int>(0x80402010u));
+  __m256i spread[4];  // byte s of each 32-bit lane, copied to the lane's 4 bytes
+  for (int s = 0; s < 4; ++s)
+    spread[s] = _mm256_setr_epi8(s, s, s, s, 4 + s, 4 + s, 4 + s, 4 + s, 8 + s, 8 + s, 8 + s, 8 + s, 12 + s, 12 + s,
+                                 12 + s, 12 + s, s, s, s, s, 4 + s, 4 + s, 4 + s, 4 + s, 8 + s, 8 + s, 8 + s, 8 + s,
+                                 12 + s, 12 + s, 12 + s, 12 + s);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += 176) {
+    prefetch_lines(w + PREFETCH_BYTES, 3);  // 176 bytes per block
+    const __m256i hb = load32(w + 16);
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+    for (int s = 0; s < 4; ++s) {
+      const __m256i q = load32(w + 48 + 32 * s), h = _mm256_shuffle_epi8(hb, spread[s]);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low4),
+                                         _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit_lo), bit_lo), x10));
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
+                                         _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit_hi), bit_hi), x10));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = a[r].q + b * 32 + 4 * s;  // low nibbles: elements 4s..4s+3, high: 16 + 4s..
+        sumi[r] = dot_acc(sumi[r], lo, _mm256_set1_epi32(load4(x)));
+        sumi[r] = dot_acc(sumi[r], hi, _mm256_set1_epi32(load4(x + 16)));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m256 off = _mm256_mul_ps(d, _mm256_set1_ps(-16.f));  // w = d q - 16 d: the offset times sum(x)
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(d, _mm256_set1_ps(a[r].d[b])), acc[r]);
+      acc[r] = _mm256_fmadd_ps(off, _mm256_set1_ps(a[r].xs[b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
 template <int R>
 void dot_rows_simd(int64_t t, const uint8_t* w, const Act* a, int64_t k, float* out) {
   if (t == Q4_K) dot_q4k<R>(w, a, k, out);
@@ -675,6 +724,7 @@ template <int R>
 void dot_x8(int64_t t, const uint8_t* w, const Act* a, int64_t k, float* out) {
   if (t == Q4_KX8) dot_q4k_x8<R>(w, a, k, out);
   else if (t == Q8_0X8) dot_q8_0_x8<R>(w, a, k, out);
+  else if (t == Q5_0X8) dot_q5_0_x8<R>(w, a, k, out);
   else dot_q4_1_x8<R>(w, a, k, out);
 }
 

@@ -162,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(spc)
     spc.add_argument("--proposers", default="none,ngram,int4",
                      help="comma list: none (always first), ngram, int4, int8, self:N (first N layers), "
-                          "draft:MODEL (a separate draft model with the target's tokenizer), medusa (the default model's "
+                          "draft:MODEL (a separate draft model with the target's tokenizer; draft:MODEL@N: its LM "
+                          "head cut to the N most frequent tokens), medusa (the default model's "
                           "shipped heads), medusa:FILE or medusa-tree:3x2x1 (their top-k per head as a tree; k is its depth)")
     spc.add_argument("--ks", type=int, nargs="+", default=list(range(1, 9)), help="draft lengths k to sweep")
     spc.add_argument("--workloads", nargs="+", choices=["chat", "repeat", "code"], default=["chat", "repeat", "code"])

@@ -88,6 +88,7 @@ class SpecWorkload:
 class Proposer:
     """A name on the command line: none, ngram, int4, int8, self:N (the target's first N layers),
     draft:MODEL (a separate draft model: a registered name, folder, .gguf file or Hub id),
+    draft:MODEL@N (the same, its LM head cut to the N most frequent tokens: draft_vocab=N),
     medusa (the default model's shipped heads), medusa:FILE (heads from `minillm train-medusa`) or
     medusa-tree:3x2x1 (the shipped heads' top-k per head verified as a tree: widths per depth; k is its depth)."""
 
@@ -107,10 +108,13 @@ class Proposer:
             heads = None if self.name == "medusa" else self.name[7:].strip()
             return {"method": "medusa", "heads": heads, "num_tokens": 1}
         if self.name.startswith("draft:") and self.name[6:].strip():
+            model, at, vocab = self.name[6:].strip().rpartition("@")
+            if at and vocab.isdigit() and model:
+                return {"method": "draft", "model": model, "num_tokens": 1, "draft_vocab": int(vocab)}
             return {"method": "draft", "model": self.name[6:].strip(), "num_tokens": 1}
         if self.tree_widths is not None:
             return {"method": "medusa", "tree": self.tree_widths}
-        raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N, draft:MODEL, "
+        raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N, draft:MODEL[@N], "
                          f"medusa, medusa:FILE or medusa-tree:WxWx..")
 
     @property

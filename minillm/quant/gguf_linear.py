@@ -84,6 +84,22 @@ class GGUFLinear(nn.Module):
             out.append(torch.ops.minillm_gguf.dequantize(raw, file_type, p.rows, self.in_features))
         return torch.cat(out)
 
+    def select_rows(self, rows: torch.Tensor) -> "GGUFLinear":
+        """A GGUFLinear of these output rows only (ascending, distinct), their blocks copied unchanged:
+        a GGUF row is quantized on its own, so its outputs are bit-for-bit the full layer's."""
+        rows = rows.long().cpu()
+        if rows.numel() == 0 or bool((rows[1:] <= rows[:-1]).any()) or rows[0] < 0 or rows[-1] >= self.out_features:
+            raise ValueError(f"select_rows: rows must be ascending, distinct and in [0, {self.out_features})")
+        names = {v: k for k, v in gguf_cpu.TYPE_IDS.items()}
+        parts, start = [], 0
+        for i, (p, tid) in enumerate(zip(self.parts, self.type_ids)):
+            mine = rows[(rows >= start) & (rows < start + p.rows)] - start
+            if mine.numel():
+                raw, file_type = gguf_cpu.deinterleave(tid, getattr(self, f"blocks{i}"), p.rows, self.in_features)
+                parts.append((names[file_type], raw.reshape(p.rows, -1)[mine]))
+            start += p.rows
+        return GGUFLinear(self.in_features, parts, bias=None if self.bias is None else self.bias[rows])
+
     def extra_repr(self) -> str:
         kinds = "+".join(f"{p.type_name}x{p.rows}" for p in self.parts)
         return f"in_features={self.in_features}, out_features={self.out_features}, blocks={kinds}, bias={self.bias is not None}"

@@ -20,7 +20,7 @@ def load_draft(cfg: SpeculativeConfig, runner, engine_config, tokenizer=None) ->
     if isinstance(cfg.model, torch.nn.Module):  # already loaded (tests, notebooks): used as given
         draft = cfg.model
         _check_vocab(draft, target, str(type(draft).__name__))
-        return draft.eval()
+        return _restrict(draft, cfg, tokenizer).eval()
     from minillm.loader import load_model
 
     dtype = target.embed_tokens.weight.dtype
@@ -36,7 +36,20 @@ def load_draft(cfg: SpeculativeConfig, runner, engine_config, tokenizer=None) ->
 
         quantize_loaded(loaded, method, engine_config.quantization_group_size if cfg.quantization == "auto" else None,
                         lm_head=engine_config.quantize_lm_head)
-    return loaded.model.eval()
+    return _restrict(loaded.model, cfg, tokenizer or loaded.tokenizer).eval()
+
+
+def _restrict(draft: LlamaForCausalLM, cfg: SpeculativeConfig, tokenizer) -> LlamaForCausalLM:
+    """With draft_vocab: the draft's LM head keeps that many most frequent tokens (draft_vocab.py)."""
+    if cfg.draft_vocab is None:
+        return draft
+    from minillm.spec_decode.draft_vocab import frequent_tokens, restrict_lm_head
+
+    if tokenizer is None:
+        raise ValueError("draft_vocab counts tokens on a reference corpus and needs the target's tokenizer")
+    vocab = draft.config.vocab_size
+    restrict_lm_head(draft, frequent_tokens(tokenizer, vocab, min(cfg.draft_vocab, vocab)))
+    return draft
 
 
 def _check_vocab(draft: LlamaForCausalLM, target: LlamaForCausalLM, name: str) -> None:

@@ -27,6 +27,8 @@ class SpeculativeConfig:
     num_layers (draft built from the target): run only its first num_layers layers (required for "self").
     quantization (separate draft): "auto" (default: the target's quantization), None, or a method.
     num_kv_blocks (separate draft): its pool's blocks (default: as many as the target's pool).
+    draft_vocab (separate draft): its LM head scores only this many most frequent tokens
+      (spec_decode/draft_vocab.py; default None: the whole vocabulary). Output is unchanged.
     heads (medusa): a heads file from `minillm train-medusa`, or a MedusaHeads module
       (default: the heads shipped for the default model); num_tokens <= its number of heads.
     tree (medusa): verify a tree of candidates instead of a chain of top-1 guesses (spec_decode/tree.py):
@@ -43,6 +45,7 @@ class SpeculativeConfig:
     num_layers: int | None = None
     quantization: str | None = "auto"
     num_kv_blocks: int | None = None
+    draft_vocab: int | None = None
     heads: Any = None
     tree: Any = None
 
@@ -78,6 +81,10 @@ class SpeculativeConfig:
             bad(f"method must be one of {METHODS}, got {self.method!r}")
         if not isinstance(self.num_tokens, int) or not (1 <= self.num_tokens <= MAX_NUM_TOKENS):
             bad(f"num_tokens must be an integer in [1, {MAX_NUM_TOKENS}], got {self.num_tokens!r}")
+        if self.draft_vocab is not None and (self.method != "draft" or self.builds_from_target):
+            bad("draft_vocab applies to a separate draft model (method 'draft' with a model name, path or module)")
+        if self.draft_vocab is not None and (not isinstance(self.draft_vocab, int) or self.draft_vocab < 1):
+            bad(f"draft_vocab must be an integer >= 1, got {self.draft_vocab!r}")
         if self.tree is not None and self.method != "medusa":
             bad(f"tree applies to method 'medusa' (its heads rank several candidates per position), "
                 f"not {self.method!r}")

@@ -1,0 +1,107 @@
+"""A draft whose LM head keeps only frequent tokens (spec_decode/draft_vocab.py): the kept rows hold the
+same blocks and score as in the full head (up to summation order: fewer rows can take another kernel),
+every other id is -inf, and speculative output stays the target's."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from minillm.kernels import gguf_cpu
+from minillm.spec_decode.draft_vocab import RestrictedLMHead, frequent_tokens, reference_corpus, restrict_lm_head
+from tests.test_gguf_cpu_kernels import random_blocks
+
+OK, WHY = gguf_cpu.available()
+
+
+@pytest.mark.skipif(not OK, reason=f"GGUF CPU kernels unavailable: {WHY}")
+@pytest.mark.parametrize("types", [("Q8_0",), ("Q4_K",), ("Q6_K",), ("Q4_K", "Q6_K", "Q8_0")])
+def test_select_rows_scores_the_kept_rows_exactly(types):
+    """Interleaved (Q8_0, Q4_K) and row-by-row (Q6_K) layouts, and rows spread over several parts."""
+    from minillm.quant.gguf_linear import GGUFLinear
+
+    k = 256
+    parts = [(t, torch.from_numpy(random_blocks(t, 24, k, seed=i))) for i, t in enumerate(types)]
+    full = GGUFLinear(k, parts)
+    rows = torch.tensor(sorted({0, 3, 7, 8, 15, 23} | {24 * len(types) - 1, 24 * (len(types) - 1) + 5}))
+    sub = full.select_rows(rows)
+    x = torch.randn(3, k)
+    torch.testing.assert_close(sub(x), full(x)[:, rows], rtol=1e-5, atol=1e-5)
+    assert torch.equal(sub.dequantized_weight(), full.dequantized_weight()[rows])
+    with pytest.raises(ValueError, match="ascending"):
+        full.select_rows(torch.tensor([5, 3]))
+    with pytest.raises(ValueError, match="ascending"):
+        full.select_rows(torch.tensor([24 * len(types)]))
+
+
+def test_restricted_head_is_minus_inf_outside_and_equal_inside():
+    from minillm.config import ModelConfig
+    from minillm.models.llama import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg).eval()
+    h = torch.randn(5, 32)
+    before = model.compute_logits(h)
+    ids = torch.tensor([0, 2, 3, 50, 95])
+    head = restrict_lm_head(model, ids)
+    after = model.compute_logits(h)
+    assert isinstance(model.lm_head, RestrictedLMHead) and head.token_ids.tolist() == ids.tolist()
+    torch.testing.assert_close(after[:, ids], before[:, ids], rtol=1e-5, atol=1e-5)
+    keep = torch.zeros(96, dtype=torch.bool)
+    keep[ids] = True
+    assert torch.isinf(after[:, ~keep]).all() and (after[:, ~keep] < 0).all()
+    assert model.embed_tokens.weight.shape[0] == 96  # the tied table stays whole for the input gather
+    assert restrict_lm_head(model, ids) is head  # the same draft passed to a second engine
+    with pytest.raises(ValueError, match="already keeps"):
+        restrict_lm_head(model, ids[:3])
+
+
+def test_frequent_tokens_counts_the_corpus():
+    class Chars:  # a tokenizer over characters: ids are code points below 128
+        all_special_ids = [0]
+
+        def __call__(self, docs, add_special_tokens=False):
+            return {"input_ids": [[ord(c) for c in d if ord(c) < 128] for d in docs]}
+
+    docs = ["aaaaab", "bbbba", "cccd", "de"]  # a 6, b 5, c 3, d 2, e 1; then unseen ids 1, 2, ... (count 0)
+    ids = frequent_tokens(Chars(), 128, 3, docs=docs)
+    # the special id 0, the 3 most frequent, topped up to 8 rows with d, e and the lowest unseen ids
+    assert ids.tolist() == [0, 1, 2, ord("a"), ord("b"), ord("c"), ord("d"), ord("e")]
+    assert frequent_tokens(Chars(), 128, 7, docs=docs).tolist() == ids.tolist()
+    assert len(frequent_tokens(Chars(), 128, 8, docs=docs)) == 16
+    assert len(frequent_tokens(Chars(), 12, 12, docs=["ab"])) == 12  # never more than the vocabulary
+    with pytest.raises(ValueError, match="draft_vocab"):
+        frequent_tokens(Chars(), 128, 0, docs=["a"])
+    docs = reference_corpus(max_chars=200_000)
+    assert sum(map(len, docs)) == 200_000 and any("def " in d for d in docs) and len(docs) > 4
+
+
+def test_draft_vocab_is_validated():
+    from minillm.spec_decode.speculative_config import parse_speculative
+
+    with pytest.raises(ValueError, match="separate draft model"):
+        parse_speculative({"method": "ngram", "draft_vocab": 100})
+    with pytest.raises(ValueError, match="separate draft model"):
+        parse_speculative({"method": "draft", "model": "int4", "draft_vocab": 100})
+    with pytest.raises(ValueError, match="integer >= 1"):
+        parse_speculative({"method": "draft", "model": "x.gguf", "draft_vocab": 0})
+    assert parse_speculative({"method": "draft", "model": "x.gguf", "draft_vocab": 8}).draft_vocab == 8
+
+
+def test_a_restricted_draft_keeps_greedy_output_and_proposes_only_kept_tokens():
+    """The target's own weights as the draft, its head cut to the even ids: greedy output equals plain
+    decoding, every guess is even, and guesses are accepted (sampling: test_spec_distribution's
+    draft_model_vocab case)."""
+    from tests.test_spec_draft_model import VOCAB, generate, target
+
+    draft = target()
+    restrict_lm_head(draft, torch.arange(0, VOCAB, 2))
+    out, e = generate({"method": "draft", "model": draft, "num_tokens": 3})
+    assert out == generate(None)[0]
+    recs = [r for s in e.trace for r in s.spec]
+    guesses = [t for r in recs for t in r.draft_token_ids]
+    assert guesses and all(t % 2 == 0 for t in guesses)
+    assert 0 < sum(r.num_accepted for r in recs) < len(guesses)  # the odd tokens it cannot guess are rejected
+    assert e.proposer.bm.num_free_blocks == e.proposer.bm.num_blocks
