@@ -33,14 +33,20 @@ def reference_corpus(max_chars: int = CORPUS_CHARS) -> list[str]:
 
     code = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
     prose = [topics[k] for k in sorted(topics)]
+
+    def interleaved():
+        for i in range(max(len(code), len(prose))):
+            if i < len(code):
+                yield code[i].read_text(errors="replace")
+            if i < len(prose):
+                yield prose[i]
+
     docs, total = [], 0
-    for i in range(max(len(code), len(prose))):
-        for text in ((code[i].read_text(errors="replace"),) if i < len(code) else ()) + \
-                    ((prose[i],) if i < len(prose) else ()):
-            docs.append(text[: max_chars - total])
-            total += len(docs[-1])
-            if total >= max_chars:
-                return docs
+    for text in interleaved():
+        docs.append(text[: max_chars - total])
+        total += len(docs[-1])
+        if total >= max_chars:
+            break
     return docs
 
 
