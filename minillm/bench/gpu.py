@@ -64,19 +64,6 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> tuple[float, Any]:
-    """Median seconds of `repeats` calls (after one warm-up), and the last result."""
-    out = fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t = time.perf_counter()
-        out = fn()
-        sync(device)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
-
-
 Part = Callable[[dict, str, Callable[[], Any]], None]  # part(target, key, fn): run fn into target[key], guarded
 
 

@@ -85,8 +85,9 @@ class GGUFLinear(nn.Module):
         return torch.cat(out)
 
     def select_rows(self, rows: torch.Tensor) -> "GGUFLinear":
-        """A GGUFLinear of these output rows only (ascending, distinct), their blocks copied unchanged:
-        a GGUF row is quantized on its own, so its outputs are bit-for-bit the full layer's."""
+        """A GGUFLinear of these output rows only (ascending, distinct), their blocks copied unchanged: a
+        GGUF row is quantized on its own, so the rows stand for the same weights (a row count that is no
+        multiple of 8 takes the row-by-row kernel, which sums in another order)."""
         rows = rows.long().cpu()
         if rows.numel() == 0 or bool((rows[1:] <= rows[:-1]).any()) or rows[0] < 0 or rows[-1] >= self.out_features:
             raise ValueError(f"select_rows: rows must be ascending, distinct and in [0, {self.out_features})")

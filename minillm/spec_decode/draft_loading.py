@@ -36,7 +36,7 @@ def load_draft(cfg: SpeculativeConfig, runner, engine_config, tokenizer=None) ->
 
         quantize_loaded(loaded, method, engine_config.quantization_group_size if cfg.quantization == "auto" else None,
                         lm_head=engine_config.quantize_lm_head)
-    return _restrict(loaded.model, cfg, tokenizer or loaded.tokenizer).eval()
+    return _restrict(loaded.model, cfg, tokenizer if tokenizer is not None else loaded.tokenizer).eval()
 
 
 def _restrict(draft: LlamaForCausalLM, cfg: SpeculativeConfig, tokenizer) -> LlamaForCausalLM:
