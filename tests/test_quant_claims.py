@@ -52,9 +52,19 @@ def test_perplexity_hides_flips():
 def test_w8a8_gain_by_cpu_features():
     vnni, amx, avx2 = {"avx512_vnni", "avx512_bf16"}, {"avx512_vnni", "amx_bf16", "amx_int8"}, {"avx2", "fma"}
     tput = {"float": 100.0, "bf16": 220.0, "w8a8": 190.0, "w8a8+bf16": 300.0}
-    assert check_w8a8_gain(tput, vnni) == pytest.approx(300 / 220)  # best w8a8 over the best float dtype
-    with pytest.raises(AssertionError, match="int8 dot products"):
-        check_w8a8_gain(tput | {"w8a8+bf16": 250.0}, vnni)  # 1.14x: not the 1.3x claimed without AMX
+    gemm = [2.0, 2.1, 1.9, 2.2]  # int8 GEMM over bf16 GEMM per shape: the instruction claim holds
+    layers = {"bf16": [0.8, 1.2, 1.5, 1.6], "float": [1.5, 2.0, 3.0, 4.0]}
+    assert check_w8a8_gain(tput, vnni, gemm, layers) == pytest.approx(300 / 220)  # best w8a8 over the best float
+    with pytest.raises(AssertionError, match="int8 GEMM runs"):
+        check_w8a8_gain(tput, vnni, [1.0, 1.1, 0.9], layers)  # the integer units are no faster: claim broken
+    with pytest.raises(AssertionError, match="w8a8\\+bf16 / bf16 = 0.50x"):
+        check_w8a8_gain(tput | {"w8a8+bf16": 110.0}, vnni, gemm, layers)  # below every layer's gain: broken
+    with pytest.raises(AssertionError, match="w8a8\\+bf16 / bf16 = 2.27x"):
+        check_w8a8_gain(tput | {"w8a8+bf16": 500.0}, vnni, gemm, layers)  # above the fastest layer: not the linears
+    with pytest.raises(AssertionError, match="w8a8 / float = 0.50x"):
+        check_w8a8_gain(tput | {"w8a8": 50.0}, vnni, gemm, layers)
+    with pytest.raises(ValueError, match="needs the measured"):
+        check_w8a8_gain(tput, vnni)
     assert check_w8a8_gain(tput | {"w8a8+bf16": 230.0}, amx) == pytest.approx(230 / 220)  # parity with AMX
     with pytest.raises(AssertionError, match="outside the band"):
         check_w8a8_gain(tput, amx)  # 1.36x with AMX: a win the claim says does not happen
@@ -62,7 +72,7 @@ def test_w8a8_gain_by_cpu_features():
         check_w8a8_gain(tput | {"w8a8+bf16": 100.0, "w8a8": 90.0}, amx)  # under half of bf16: broken
     assert check_w8a8_gain(tput | {"w8a8+bf16": 100.0, "w8a8": 90.0}, avx2) < 1  # no int8 dot products: no claim
     with pytest.raises(AssertionError, match="none of"):
-        check_w8a8_gain({"float": 100.0}, vnni)
+        check_w8a8_gain({"float": 100.0}, vnni, gemm, layers)
 
 
 def test_cpu_flags_reads_this_machine():

@@ -65,7 +65,7 @@ def shapes_of(model) -> list[tuple[str, int, int]]:
 
 @torch.no_grad()
 def measure(shapes: list[tuple[str, int, int]], rows=DEFAULT_ROWS, repeats: int = 3,
-            min_time: float = 0.1, log=lambda s: None) -> list[GemmRow]:
+            min_time: float = 0.1, log=lambda s: None, paths: tuple[str, ...] = PATHS) -> list[GemmRow]:
     from minillm.quant.fp8 import FP8Linear
     from minillm.quant.linear import QuantLinear
     from minillm.quant.w8a8 import W8A8Linear
@@ -86,7 +86,7 @@ def measure(shapes: list[tuple[str, int, int]], rows=DEFAULT_ROWS, repeats: int 
             xb = x.bfloat16()
             xq = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
             fl = 2.0 * m * k * n
-            paths = {
+            timed = {
                 "fp32": lambda: F.linear(x, w_kmajor),
                 "bf16": lambda: F.linear(xb, w_bf16),
                 "int8_gemm": lambda: torch._int_mm(xq, wq.t()),
@@ -94,7 +94,8 @@ def measure(shapes: list[tuple[str, int, int]], rows=DEFAULT_ROWS, repeats: int 
                 "w8a16": lambda: w8a16(x),
                 "fp8": lambda: fp8(x),
             }
-            row = GemmRow(name, k, n, m, {p: round(_rate(f, fl, repeats, min_time), 1) for p, f in paths.items()})
+            row = GemmRow(name, k, n, m, {p: round(_rate(f, fl, repeats, min_time), 1)
+                                          for p, f in timed.items() if p in paths})
             log(format_row(row))
             out.append(row)
     return out
@@ -104,7 +105,13 @@ HEADER = f"{'layer':8s} {'K':>5s} {'N':>5s} {'M':>4s} " + " ".join(f"{p:>10s}" f
 
 
 def format_row(r: GemmRow) -> str:
-    return f"{r.layer:8s} {r.k:5d} {r.n:5d} {r.m:4d} " + " ".join(f"{r.gflops[p]:10.1f}" for p in PATHS)
+    return f"{r.layer:8s} {r.k:5d} {r.n:5d} {r.m:4d} " + " ".join(
+        f"{r.gflops[p]:10.1f}" if p in r.gflops else f"{'-':>10s}" for p in PATHS)
+
+
+def gains(rows: list[GemmRow], path: str, over: str) -> list[float]:
+    """path's rate over `over`'s, one per (layer, M) row: e.g. gains(rows, "w8a8", "bf16")."""
+    return [r.gflops[path] / r.gflops[over] for r in rows]
 
 
 def main(argv: list[str] | None = None) -> int:

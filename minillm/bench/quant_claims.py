@@ -69,16 +69,27 @@ def best_of(throughput: Mapping[str, float | None], names: Sequence[str]) -> tup
     return max(got, key=lambda kv: kv[1])
 
 
-def check_w8a8_gain(throughput: Mapping[str, float | None], flags: set[str], min_gain: float = 1.3,
+def check_w8a8_gain(throughput: Mapping[str, float | None], flags: set[str],
+                    gemm_gain: Sequence[float] = (), layer_gain: Mapping[str, Sequence[float]] | None = None,
+                    min_gemm_gain: float = 1.6, tolerance: float = 0.15,
                     floats: Sequence[str] = ("float", "bf16"), w8a8: Sequence[str] = ("w8a8", "w8a8+bf16"),
                     amx_band: tuple[float, float] = (0.5, 1.3)) -> float:
     """SmoothQuant's speed claim on a CPU: W8A8 (its best setting) over the best float dtype (its best).
+    Returns that gain.
 
-    Where the CPU has int8 dot products but no matrix units (AVX-512 VNNI / AVX-VNNI without AMX), an int8
-    multiply-add does twice the work of a bf16 one per instruction: claim gain >= min_gain. With AMX the
-    bf16 tiles are as fast in practice and quantizing x per token is extra work: claim no win (gain below
-    the band's top, min_gain) and nothing broken (above its bottom: at small batches the ~10 extra small ops
-    per linear weigh most). Without int8 dot products no claim is made (the gain is returned, not checked)."""
+    Where the CPU has int8 dot products but no matrix units (AVX-512 VNNI / AVX-VNNI without AMX), one int8
+    multiply-add instruction does twice the work of a bf16 one. Two claims follow, each from a measurement:
+    - the instruction claim, at the GEMM: torch._int_mm over the bf16 GEMM at the model's shapes
+      (`gemm_gain`, one per shape and row count), median >= min_gemm_gain;
+    - the batch's gain, from Amdahl: only the linears change between a W8A8 setting and the float setting
+      with the same other ops (w8a8+bf16 vs bf16, w8a8 vs float), so that gain lies between
+      min(1, the slowest layer's gain) and max(1, the fastest's), from `layer_gain` (the whole W8A8 layer,
+      quantizing x and rescaling y included, over the float layer, per shape and row count), +-tolerance.
+      The published 1.3x is a figure the notebook shows against this, not a bound: at a decode step's few
+      rows the per-token passes over x and y eat most of the GEMM's gain.
+    With AMX the bf16 tiles are as fast in practice and quantizing x per token is extra work: claim no win
+    (gain below the band's top) and nothing broken (above its bottom). Without int8 dot products no claim
+    is made (the gain is returned, not checked)."""
     best_float = best_of(throughput, floats)
     best_w8 = best_of(throughput, w8a8)
     gain = best_w8[1] / best_float[1]
@@ -88,7 +99,19 @@ def check_w8a8_gain(throughput: Mapping[str, float | None], flags: set[str], min
             raise AssertionError(f"with AMX, {best_w8[0]} / {best_float[0]} = {gain:.2f}x, outside the band "
                                  f"{lo}-{hi}x (claim: no win over bf16, and not broken)")
     elif flags & set(INT8_DOT_FLAGS):
-        if gain < min_gain:
-            raise AssertionError(f"{best_w8[0]} / {best_float[0]} = {gain:.2f}x on a CPU with int8 dot products "
-                                 f"(claim: at least {min_gain}x)")
+        if not gemm_gain or not layer_gain:
+            raise ValueError("with int8 dot products the claim needs the measured gemm_gain and layer_gain")
+        gemm = sorted(gemm_gain)[len(gemm_gain) // 2]
+        if gemm < min_gemm_gain:
+            raise AssertionError(f"the int8 GEMM runs {gemm:.2f}x the bf16 GEMM (median over the model's shapes) "
+                                 f"on a CPU with int8 dot products (claim: at least {min_gemm_gain}x)")
+        for quantized, base in (("w8a8+bf16", "bf16"), ("w8a8", "float")):
+            if not (throughput.get(quantized) and throughput.get(base) and layer_gain.get(base)):
+                continue
+            pair = throughput[quantized] / throughput[base]
+            lo = min(1.0, min(layer_gain[base])) * (1 - tolerance)
+            hi = max(1.0, max(layer_gain[base])) * (1 + tolerance)
+            if not lo <= pair <= hi:
+                raise AssertionError(f"{quantized} / {base} = {pair:.2f}x, outside {lo:.2f}-{hi:.2f}x: the range its "
+                                     f"linears' measured gains allow (only the linears differ)")
     return gain
