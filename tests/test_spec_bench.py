@@ -52,3 +52,7 @@ def test_a_draft_model_proposer_can_cut_its_vocabulary():
         "method": "draft", "model": "qwen2.5-coder-0.5b", "num_tokens": 1, "draft_vocab": 32768}
     assert Proposer("draft:/models/a@b.gguf").speculative["model"] == "/models/a@b.gguf"  # not a number: a path
     assert Proposer("draft:qwen2.5-coder-0.5b@32768").is_draft_model
+    assert Proposer("draft:qwen2.5-coder-0.5b@32768+compile").speculative == {
+        "method": "draft", "model": "qwen2.5-coder-0.5b", "num_tokens": 1, "draft_vocab": 32768, "compile": True}
+    assert Proposer("draft:qwen2.5-coder-0.5b+compile").speculative == {
+        "method": "draft", "model": "qwen2.5-coder-0.5b", "num_tokens": 1, "compile": True}

@@ -97,6 +97,21 @@ def test_greedy_with_a_separate_draft_equals_greedy(reference, draft, pools):
     assert [StepTrace.from_dict(json.loads(json.dumps(s.to_dict()))) for s in e.trace] == e.trace
 
 
+def test_a_compiled_draft_beside_an_eager_target_keeps_greedy_output(reference):
+    out, e = generate({"method": "draft", "model": DRAFTS["perturbed"](), "num_tokens": 3, "compile": True})
+    assert out == reference
+    assert e.proposer.runner.compiled_decode is not None  # the draft's decode forwards are compiled
+    assert e.executor.compiled_decode is None  # the target's are not (the engine's compile=False)
+    assert 0.0 < acceptance(e) < 1.0
+
+
+def test_compile_is_refused_for_a_draft_built_from_the_target():
+    with pytest.raises(ValueError, match="compile applies to a separate draft"):
+        engine({"method": "draft", "model": "int8", "num_tokens": 2, "compile": True})
+    with pytest.raises(ValueError, match="compile must be True, False or None"):
+        engine({"method": "draft", "model": DRAFTS["perturbed"](), "num_tokens": 2, "compile": "yes"})
+
+
 def three_running(num_tokens: int, max_tokens: int) -> LLMEngine:
     """An engine with a perturbed draft, three requests added and four steps run."""
     e = engine({"method": "draft", "model": DRAFTS["perturbed"](), "num_tokens": num_tokens})

@@ -89,6 +89,7 @@ class Proposer:
     """A name on the command line: none, ngram, int4, int8, self:N (the target's first N layers),
     draft:MODEL (a separate draft model: a registered name, folder, .gguf file or Hub id),
     draft:MODEL@N (the same, its LM head cut to the N most frequent tokens: draft_vocab=N),
+    a +compile suffix on either (draft:MODEL@N+compile: the draft's decode forwards compiled, the target's not),
     medusa (the default model's shipped heads), medusa:FILE (heads from `minillm train-medusa`) or
     medusa-tree:3x2x1 (the shipped heads' top-k per head verified as a tree: widths per depth; k is its depth)."""
 
@@ -108,13 +109,17 @@ class Proposer:
             heads = None if self.name == "medusa" else self.name[7:].strip()
             return {"method": "medusa", "heads": heads, "num_tokens": 1}
         if self.name.startswith("draft:") and self.name[6:].strip():
-            model, at, vocab = self.name[6:].strip().rpartition("@")
+            name = self.name[6:].strip()
+            extra = {}
+            if name.endswith("+compile") and name[: -len("+compile")]:
+                name, extra["compile"] = name[: -len("+compile")], True
+            model, at, vocab = name.rpartition("@")
             if at and vocab.isdigit() and model:
-                return {"method": "draft", "model": model, "num_tokens": 1, "draft_vocab": int(vocab)}
-            return {"method": "draft", "model": self.name[6:].strip(), "num_tokens": 1}
+                return {"method": "draft", "model": model, "num_tokens": 1, "draft_vocab": int(vocab), **extra}
+            return {"method": "draft", "model": name, "num_tokens": 1, **extra}
         if self.tree_widths is not None:
             return {"method": "medusa", "tree": self.tree_widths}
-        raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N, draft:MODEL[@N], "
+        raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N, draft:MODEL[@N][+compile], "
                          f"medusa, medusa:FILE or medusa-tree:WxWx..")
 
     @property

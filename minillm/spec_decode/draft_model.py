@@ -44,6 +44,9 @@ from minillm.spec_decode.proposer import Proposer
 from minillm.spec_decode.rejection import target_probs
 
 
+MAX_CATCH_UP_DECODE_ROWS = 4  # a catch-up this short runs as decode rows (see DraftModelProposer._forward)
+
+
 @dataclass
 class DraftSeqState:
     """The draft pool's view of one target sequence (BlockManager reads the first three fields)."""
@@ -71,9 +74,12 @@ class _StepTally:
 
 
 class DraftModelProposer(Proposer):
-    def __init__(self, draft: LlamaForCausalLM, config: EngineConfig, num_blocks: int) -> None:
+    def __init__(self, draft: LlamaForCausalLM, config: EngineConfig, num_blocks: int,
+                 compile: bool | None = None) -> None:
+        """compile: torch.compile the draft's decode forwards (None: as the engine's config says)."""
         # draft_loading.load_draft has checked that its vocabulary is the target's
-        self.config = config.replace(num_kv_blocks=num_blocks, speculative=None, enable_prefix_caching=False)
+        self.config = config.replace(num_kv_blocks=num_blocks, speculative=None, enable_prefix_caching=False,
+                                     compile=config.compile if compile is None else compile)
         self.runner = ModelRunner(draft, self.config)  # its own pool, backend and compiled decode
         self.model = draft
         self.bm = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
@@ -181,19 +187,39 @@ class DraftModelProposer(Proposer):
             depth += 1
 
     def _forward(self, items: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
-        """items: (token ids, first position, block table) per sequence -> logits at each last token."""
-        order = sorted(range(len(items)), key=lambda j: len(items[j][0]) != 1)  # decodes first (packing rule)
-        b = StepBatch([], [], [], [], [], [], [])
+        """items: (token ids, first position, block table) per sequence -> logits at each last token.
+
+        A short catch-up (the last guess and the target's bonus token, after a full acceptance) runs as
+        decode rows, one per token, sharing the sequence's block table: every row's K/V is stored before
+        any row attends, and row i reads the keys up to its own position, which is the causal mask. So
+        the whole forward stays decode-only -- the shape a compiled draft serves (a 2-token chunk would
+        fall back to the eager prefill path) -- and each row attends with the decode kernel."""
+        rows: list[tuple[int, int, list[int]]] = []  # (token, position, block table): decode rows
+        chunks: list[tuple[list[int], int, list[int]]] = []  # longer catch-ups (a prompt) stay chunks
         last_row = [0] * len(items)
-        for j in order:
-            toks, start, table = items[j]
+        for j, (toks, start, table) in enumerate(items):
+            if len(toks) <= MAX_CATCH_UP_DECODE_ROWS:
+                rows.extend((t, start + i, table) for i, t in enumerate(toks))
+                last_row[j] = len(rows) - 1
+            else:
+                chunks.append((toks, start, table))
+                last_row[j] = -len(chunks)  # resolved below: chunks follow every decode row
+        b = StepBatch([], [], [], [], [], [], [])
+        for tok, pos, table in rows:  # decodes first (the packing rule)
+            b.token_ids.append(tok)
+            b.positions.append(pos)
+            b.query_lens.append(1)
+            b.seq_lens.append(pos + 1)
+            b.block_tables.append(table)
+        chunk_last = []
+        for toks, start, table in chunks:
             b.token_ids.extend(toks)
             b.positions.extend(range(start, start + len(toks)))
             b.query_lens.append(len(toks))
             b.seq_lens.append(start + len(toks))
             b.block_tables.append(table)
-            last_row[j] = len(b.token_ids) - 1
-        b.logit_rows = last_row
+            chunk_last.append(len(b.token_ids) - 1)
+        b.logit_rows = [r if r >= 0 else chunk_last[-r - 1] for r in last_row]
         b.chunk_logits = [(j, 1) for j in range(len(items))]
         logits = self.runner.execute(b)
         t = self._tally

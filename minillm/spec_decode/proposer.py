@@ -81,7 +81,7 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
 
         draft = load_draft(cfg, runner, engine_config, tokenizer)
         num_blocks = cfg.num_kv_blocks or runner.plan.num_blocks  # room for as many tokens as the target's
-        return DraftModelProposer(draft, engine_config, num_blocks)
+        return DraftModelProposer(draft, engine_config, num_blocks, compile=cfg.compile)
     from minillm.spec_decode.draft import DraftProposer, quantized_copy
 
     target = runner.model

@@ -29,6 +29,10 @@ class SpeculativeConfig:
     num_kv_blocks (separate draft): its pool's blocks (default: as many as the target's pool).
     draft_vocab (separate draft): its LM head scores only this many most frequent tokens
       (spec_decode/draft_vocab.py; default None: the whole vocabulary). Output is unchanged.
+    compile (separate draft): torch.compile the draft's decode forwards (default None: as the engine).
+      A verify scores k + 1 rows per sequence, which the compiled decode step does not take, so a
+      compiled target gains little there; the draft's k - 1 guesses are single-row decodes, where
+      compiling removes the small model's per-op overhead.
     heads (medusa): a heads file from `minillm train-medusa`, or a MedusaHeads module
       (default: the heads shipped for the default model); num_tokens <= its number of heads.
     tree (medusa): verify a tree of candidates instead of a chain of top-1 guesses (spec_decode/tree.py):
@@ -46,6 +50,7 @@ class SpeculativeConfig:
     quantization: str | None = "auto"
     num_kv_blocks: int | None = None
     draft_vocab: int | None = None
+    compile: bool | None = None
     heads: Any = None
     tree: Any = None
 
@@ -85,6 +90,11 @@ class SpeculativeConfig:
             bad("draft_vocab applies to a separate draft model (method 'draft' with a model name, path or module)")
         if self.draft_vocab is not None and (not isinstance(self.draft_vocab, int) or self.draft_vocab < 1):
             bad(f"draft_vocab must be an integer >= 1, got {self.draft_vocab!r}")
+        if self.compile is not None and (self.method != "draft" or self.builds_from_target):
+            bad("compile applies to a separate draft model (method 'draft' with a model name, path or module); "
+                "a draft built from the target runs in the target's forward")
+        if self.compile is not None and not isinstance(self.compile, bool):
+            bad(f"compile must be True, False or None (as the engine), got {self.compile!r}")
         if self.tree is not None and self.method != "medusa":
             bad(f"tree applies to method 'medusa' (its heads rank several candidates per position), "
                 f"not {self.method!r}")
