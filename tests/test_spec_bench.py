@@ -54,5 +54,10 @@ def test_a_draft_model_proposer_can_cut_its_vocabulary():
     assert Proposer("draft:qwen2.5-coder-0.5b@32768").is_draft_model
     assert Proposer("draft:qwen2.5-coder-0.5b@32768+compile").speculative == {
         "method": "draft", "model": "qwen2.5-coder-0.5b", "num_tokens": 1, "draft_vocab": 32768, "compile": True}
+    assert Proposer("medusa@32768").speculative == {"method": "medusa", "heads": None, "num_tokens": 1,
+                                                    "draft_vocab": 32768}
+    assert Proposer("medusa:/h/x.safetensors@8").speculative["heads"] == "/h/x.safetensors"
+    assert Proposer("medusa:/h/x.safetensors").speculative == {"method": "medusa", "heads": "/h/x.safetensors",
+                                                               "num_tokens": 1}
     assert Proposer("draft:qwen2.5-coder-0.5b+compile").speculative == {
         "method": "draft", "model": "qwen2.5-coder-0.5b", "num_tokens": 1, "compile": True}

@@ -88,6 +88,7 @@ def test_draft_vocab_is_validated():
     with pytest.raises(ValueError, match="integer >= 1"):
         parse_speculative({"method": "draft", "model": "x.gguf", "draft_vocab": 0})
     assert parse_speculative({"method": "draft", "model": "x.gguf", "draft_vocab": 8}).draft_vocab == 8
+    assert parse_speculative({"method": "medusa", "draft_vocab": 8}).draft_vocab == 8  # ranks the heads' guesses
 
 
 def test_a_restricted_draft_keeps_greedy_output_and_proposes_only_kept_tokens():
@@ -105,3 +106,4 @@ def test_a_restricted_draft_keeps_greedy_output_and_proposes_only_kept_tokens():
     assert guesses and all(t % 2 == 0 for t in guesses)
     assert 0 < sum(r.num_accepted for r in recs) < len(guesses)  # the odd tokens it cannot guess are rejected
     assert e.proposer.bm.num_free_blocks == e.proposer.bm.num_blocks
+

@@ -29,9 +29,12 @@ def random_heads(model, k=3, seed=0, scale=0.3) -> MedusaHeads:
     return heads
 
 
-def generate(spec, num_blocks=256):
+def generate(spec, num_blocks=256, lm_head=None):
+    """lm_head: a head that ranks the Medusa guesses instead of the target's own (draft_vocab's kind)."""
     e = LLMEngine(tiny_model(seed=1, vocab=VOCAB), None, [], EngineConfig(
         block_size=4, num_kv_blocks=num_blocks, max_num_seqs=8, max_num_batched_tokens=64, speculative=spec))
+    if lm_head is not None:
+        e.proposer.lm_head = lm_head(e.executor.model)
     params = SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True, stop_token_ids=[7])
     for i, p in enumerate(random_prompts(8, VOCAB, 3, 12, seed=4)):
         e.add_request(str(i), p * 2, params)
@@ -50,6 +53,24 @@ def test_greedy_with_medusa_guesses_equals_greedy(num_blocks):
         assert not e.proposer.hidden  # nothing kept for finished sequences
         if num_blocks < 256:
             assert any(s.preemptions for s in e.trace)
+
+
+def test_guesses_ranked_on_kept_rows_keep_greedy_output():
+    """draft_vocab for Medusa: the guesses ranked on a copy of the even rows of the target's head. Greedy
+    output equals plain decoding, every guess is even, and the target's own head stays whole."""
+    from minillm.spec_decode.draft_vocab import RestrictedLMHead, restricted_head
+
+    ref, _ = generate(None)
+    heads = random_heads(tiny_model(seed=1, vocab=VOCAB))
+    out, e = generate({"method": "medusa", "heads": heads, "num_tokens": 3},
+                      lm_head=lambda m: restricted_head(m.lm_head, torch.arange(0, VOCAB, 2), VOCAB))
+    assert out == ref
+    guesses = [t for s in e.trace for r in s.spec for t in r.draft_token_ids]
+    assert guesses and all(t % 2 == 0 for t in guesses)
+    assert not isinstance(e.executor.model.lm_head, RestrictedLMHead)
+    assert e.executor.model.lm_head.out_features == VOCAB
+    with pytest.raises(ValueError, match="needs the target's tokenizer"):  # tiny models have none to count with
+        generate({"method": "medusa", "heads": heads, "num_tokens": 3, "draft_vocab": 8})
 
 
 @pytest.mark.parametrize("num_blocks", [256, 14])

@@ -90,7 +90,8 @@ class Proposer:
     draft:MODEL (a separate draft model: a registered name, folder, .gguf file or Hub id),
     draft:MODEL@N (the same, its LM head cut to the N most frequent tokens: draft_vocab=N),
     a +compile suffix on either (draft:MODEL@N+compile: the draft's decode forwards compiled, the target's not),
-    medusa (the default model's shipped heads), medusa:FILE (heads from `minillm train-medusa`) or
+    medusa (the default model's shipped heads), medusa:FILE (heads from `minillm train-medusa`), either
+    with @N (its guesses ranked on the N most frequent tokens' rows: draft_vocab=N), or
     medusa-tree:3x2x1 (the shipped heads' top-k per head verified as a tree: widths per depth; k is its depth)."""
 
     name: str
@@ -105,9 +106,12 @@ class Proposer:
             return {"method": "draft", "model": self.name, "num_tokens": 1}
         if self.name.startswith("self:") and self.name[5:].isdigit():
             return {"method": "draft", "model": "self", "num_layers": int(self.name[5:]), "num_tokens": 1}
-        if self.name == "medusa" or (self.name.startswith("medusa:") and self.name[7:].strip()):
-            heads = None if self.name == "medusa" else self.name[7:].strip()
-            return {"method": "medusa", "heads": heads, "num_tokens": 1}
+        if self.name.split("@")[0] == "medusa" or (self.name.startswith("medusa:") and self.name[7:].strip()):
+            name, at, vocab = self.name.rpartition("@")
+            extra = {"draft_vocab": int(vocab)} if at and vocab.isdigit() and name else {}
+            name = name if extra else self.name
+            heads = None if name == "medusa" else name[7:].strip()
+            return {"method": "medusa", "heads": heads, "num_tokens": 1, **extra}
         if self.name.startswith("draft:") and self.name[6:].strip():
             name = self.name[6:].strip()
             extra = {}

@@ -92,17 +92,25 @@ class RestrictedLMHead(nn.Module):
 
 def restrict_lm_head(model, token_ids: torch.Tensor) -> RestrictedLMHead:
     """Swap `model.lm_head` for one that reads only the rows of `token_ids` (a GGUF or float head)."""
-    from minillm.quant.gguf_linear import GGUFLinear
-
-    head, vocab = model.lm_head, model.config.vocab_size
+    head = model.lm_head
     ids = token_ids.long().cpu()
     if isinstance(head, RestrictedLMHead):  # a loaded draft passed in again (a second engine): in place already
         if torch.equal(head.token_ids.cpu(), ids):
             return head
         raise ValueError(f"the draft's LM head already keeps {head.token_ids.numel()} other tokens")
+    model.lm_head = restricted_head(head, ids, model.config.vocab_size)
+    return model.lm_head
+
+
+def restricted_head(head: nn.Module, token_ids: torch.Tensor, vocab_size: int) -> RestrictedLMHead:
+    """A RestrictedLMHead over copies of `head`'s rows for `token_ids` (`head` itself is left whole: the
+    target keeps its own head when only its Medusa guesses are ranked on the kept rows)."""
+    from minillm.quant.gguf_linear import GGUFLinear
+
+    ids = token_ids.long().cpu()
     if isinstance(head, GGUFLinear):
         sub: nn.Module = head.select_rows(ids)
-    elif type(head) is nn.Linear:
+    elif isinstance(head, nn.Linear):  # or a subclass that keeps its [out, in] weight (SkinnyLinear)
         sub = nn.Linear(head.in_features, ids.numel(), bias=head.bias is not None,
                         device=head.weight.device, dtype=head.weight.dtype)
         with torch.no_grad():
@@ -112,6 +120,5 @@ def restrict_lm_head(model, token_ids: torch.Tensor) -> RestrictedLMHead:
                 sub.bias.copy_(head.bias[ids.to(head.bias.device)])
     else:
         raise ValueError(f"draft_vocab needs a float or GGUF LM head, not {type(head).__name__} "
-                         "(load the draft unquantized or from a GGUF file)")
-    model.lm_head = RestrictedLMHead(sub, ids, vocab)
-    return model.lm_head
+                         "(load the model unquantized or from a GGUF file)")
+    return RestrictedLMHead(sub, ids, vocab_size)

@@ -44,8 +44,12 @@ def embedding_fingerprint(model) -> str:
 
 
 class MedusaProposer(Proposer):
-    def __init__(self, runner, heads: MedusaHeads, tree: TreeTemplate | None = None) -> None:
+    def __init__(self, runner, heads: MedusaHeads, tree: TreeTemplate | None = None,
+                 lm_head: torch.nn.Module | None = None) -> None:
+        """lm_head: what ranks the heads' guesses (default: the target's own LM head). A RestrictedLMHead
+        (draft_vocab) reads fewer rows; the target verifies every guess, so the output is unchanged."""
         model = runner.model
+        self.lm_head = lm_head
         self.runner = runner
         self.heads = heads.to(device=runner.device, dtype=model.embed_tokens.weight.dtype).eval()
         # no tree: a chain of every head's top-1, of which a step takes its first k nodes
@@ -83,7 +87,8 @@ class MedusaProposer(Proposer):
         sizes = {i: min(wants[i][1], self.tree.num_nodes) for i in ready}  # a short budget takes a prefix
         depth = max(len(self.tree.paths[n - 1]) for n in sizes.values())  # nodes are listed by depth
         x = self.heads(h, depth)  # [depth, rows, hidden]: only the heads the proposal reads
-        logits = self.runner.model.compute_logits(x.reshape(depth * len(ready), -1))
+        x = x.reshape(depth * len(ready), -1)
+        logits = self.runner.model.compute_logits(x) if self.lm_head is None else self.lm_head(x).float()
         width = max(self.topk[:depth])
         if width == 1:
             ranked = logits.argmax(-1, keepdim=True)

@@ -29,6 +29,8 @@ class SpeculativeConfig:
     num_kv_blocks (separate draft): its pool's blocks (default: as many as the target's pool).
     draft_vocab (separate draft): its LM head scores only this many most frequent tokens
       (spec_decode/draft_vocab.py; default None: the whole vocabulary). Output is unchanged.
+      (medusa): the heads' guesses are ranked on a copy of those rows of the target's LM head; the
+      target's own logits stay whole.
     compile (separate draft): torch.compile the draft's decode forwards (default None: as the engine).
       A verify scores k + 1 rows per sequence, which the compiled decode step does not take, so a
       compiled target gains little there; the draft's k - 1 guesses are single-row decodes, where
@@ -86,8 +88,10 @@ class SpeculativeConfig:
             bad(f"method must be one of {METHODS}, got {self.method!r}")
         if not isinstance(self.num_tokens, int) or not (1 <= self.num_tokens <= MAX_NUM_TOKENS):
             bad(f"num_tokens must be an integer in [1, {MAX_NUM_TOKENS}], got {self.num_tokens!r}")
-        if self.draft_vocab is not None and (self.method != "draft" or self.builds_from_target):
-            bad("draft_vocab applies to a separate draft model (method 'draft' with a model name, path or module)")
+        if self.draft_vocab is not None and not (self.method == "medusa" or
+                                                 (self.method == "draft" and not self.builds_from_target)):
+            bad("draft_vocab applies to a separate draft model (method 'draft' with a model name, path or module) "
+                "or to Medusa's guesses")
         if self.draft_vocab is not None and (not isinstance(self.draft_vocab, int) or self.draft_vocab < 1):
             bad(f"draft_vocab must be an integer >= 1, got {self.draft_vocab!r}")
         if self.compile is not None and (self.method != "draft" or self.builds_from_target):
