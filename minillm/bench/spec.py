@@ -84,6 +84,12 @@ class SpecWorkload:
                 "template": "the model's chat template, one user turn" if self.chat else "none: raw completion"}
 
 
+def _vocab_suffix(name: str) -> tuple[str, dict[str, int]]:
+    """"MODEL@N" -> ("MODEL", {"draft_vocab": N}); anything else (a path with "@" in it) unchanged."""
+    head, at, n = name.rpartition("@")
+    return (head, {"draft_vocab": int(n)}) if at and n.isdigit() and head else (name, {})
+
+
 @dataclass(frozen=True)
 class Proposer:
     """A name on the command line: none, ngram, int4, int8, self:N (the target's first N layers),
@@ -106,21 +112,16 @@ class Proposer:
             return {"method": "draft", "model": self.name, "num_tokens": 1}
         if self.name.startswith("self:") and self.name[5:].isdigit():
             return {"method": "draft", "model": "self", "num_layers": int(self.name[5:]), "num_tokens": 1}
-        if self.name.split("@")[0] == "medusa" or (self.name.startswith("medusa:") and self.name[7:].strip()):
-            name, at, vocab = self.name.rpartition("@")
-            extra = {"draft_vocab": int(vocab)} if at and vocab.isdigit() and name else {}
-            name = name if extra else self.name
+        name, vocab = _vocab_suffix(self.name)
+        if name == "medusa" or (name.startswith("medusa:") and name[7:].strip()):
             heads = None if name == "medusa" else name[7:].strip()
-            return {"method": "medusa", "heads": heads, "num_tokens": 1, **extra}
+            return {"method": "medusa", "heads": heads, "num_tokens": 1, **vocab}
         if self.name.startswith("draft:") and self.name[6:].strip():
-            name = self.name[6:].strip()
-            extra = {}
+            name, extra = self.name[6:].strip(), {}
             if name.endswith("+compile") and name[: -len("+compile")]:
                 name, extra["compile"] = name[: -len("+compile")], True
-            model, at, vocab = name.rpartition("@")
-            if at and vocab.isdigit() and model:
-                return {"method": "draft", "model": model, "num_tokens": 1, "draft_vocab": int(vocab), **extra}
-            return {"method": "draft", "model": name, "num_tokens": 1, **extra}
+            model, vocab = _vocab_suffix(name)
+            return {"method": "draft", "model": model, "num_tokens": 1, **vocab, **extra}
         if self.tree_widths is not None:
             return {"method": "medusa", "tree": self.tree_widths}
         raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N, draft:MODEL[@N][+compile], "

@@ -44,6 +44,8 @@ THROUGHPUT_VS_TRANSFORMERS = ("throughput_vs_transformers", "output tok/s on the
 def target(spec: tuple[str, str, float], value: float | None) -> Target:
     name, description, threshold = spec
     return Target(name, description, threshold, value)
+
+
 # issue 20 restates issue 4's 3x (measured on a Zen4 in bf16) as >= 2x on every CPU, in the dtype used
 THROUGHPUT_VS_LLAMA_CPP = ("throughput_vs_llama_cpp",
                            "output tok/s on the workload, minillm / llama.cpp batched (its faster repack setting)", 2.0)

@@ -43,12 +43,9 @@ def _restrict(draft: LlamaForCausalLM, cfg: SpeculativeConfig, tokenizer) -> Lla
     """With draft_vocab: the draft's LM head keeps that many most frequent tokens (draft_vocab.py)."""
     if cfg.draft_vocab is None:
         return draft
-    from minillm.spec_decode.draft_vocab import frequent_tokens, restrict_lm_head
+    from minillm.spec_decode.draft_vocab import kept_tokens, restrict_lm_head
 
-    if tokenizer is None:
-        raise ValueError("draft_vocab counts tokens on a reference corpus and needs the target's tokenizer")
-    vocab = draft.config.vocab_size
-    restrict_lm_head(draft, frequent_tokens(tokenizer, vocab, min(cfg.draft_vocab, vocab)))
+    restrict_lm_head(draft, kept_tokens(tokenizer, draft.config.vocab_size, cfg.draft_vocab))
     return draft
 
 

@@ -194,32 +194,24 @@ class DraftModelProposer(Proposer):
         any row attends, and row i reads the keys up to its own position, which is the causal mask. So
         the whole forward stays decode-only -- the shape a compiled draft serves (a 2-token chunk would
         fall back to the eager prefill path) -- and each row attends with the decode kernel."""
-        rows: list[tuple[int, int, list[int]]] = []  # (token, position, block table): decode rows
-        chunks: list[tuple[list[int], int, list[int]]] = []  # longer catch-ups (a prompt) stay chunks
-        last_row = [0] * len(items)
-        for j, (toks, start, table) in enumerate(items):
-            if len(toks) <= MAX_CATCH_UP_DECODE_ROWS:
-                rows.extend((t, start + i, table) for i, t in enumerate(toks))
-                last_row[j] = len(rows) - 1
-            else:
-                chunks.append((toks, start, table))
-                last_row[j] = -len(chunks)  # resolved below: chunks follow every decode row
+        # decode rows first, then longer catch-ups (a prompt) as chunks: the packing rule
+        order = sorted(range(len(items)), key=lambda j: len(items[j][0]) > MAX_CATCH_UP_DECODE_ROWS)
         b = StepBatch([], [], [], [], [], [], [])
-        for tok, pos, table in rows:  # decodes first (the packing rule)
-            b.token_ids.append(tok)
-            b.positions.append(pos)
-            b.query_lens.append(1)
-            b.seq_lens.append(pos + 1)
-            b.block_tables.append(table)
-        chunk_last = []
-        for toks, start, table in chunks:
+        last_row = [0] * len(items)
+        for j in order:
+            toks, start, table = items[j]
             b.token_ids.extend(toks)
             b.positions.extend(range(start, start + len(toks)))
-            b.query_lens.append(len(toks))
-            b.seq_lens.append(start + len(toks))
-            b.block_tables.append(table)
-            chunk_last.append(len(b.token_ids) - 1)
-        b.logit_rows = [r if r >= 0 else chunk_last[-r - 1] for r in last_row]
+            if len(toks) > MAX_CATCH_UP_DECODE_ROWS:
+                b.query_lens.append(len(toks))
+                b.seq_lens.append(start + len(toks))
+                b.block_tables.append(table)
+            else:  # one packed "sequence" per token, each seeing the keys up to its own position
+                b.query_lens.extend([1] * len(toks))
+                b.seq_lens.extend(range(start + 1, start + len(toks) + 1))
+                b.block_tables.extend([table] * len(toks))
+            last_row[j] = len(b.token_ids) - 1
+        b.logit_rows = last_row
         b.chunk_logits = [(j, 1) for j in range(len(items))]
         logits = self.runner.execute(b)
         t = self._tally

@@ -72,6 +72,13 @@ def frequent_tokens(tokenizer, vocab_size: int, n: int, docs: list[str] | None =
     return torch.sort(torch.cat([special, order[: total - special.numel()]])).values
 
 
+def kept_tokens(tokenizer, vocab_size: int, n: int) -> torch.Tensor:
+    """The ids a `draft_vocab=n` head keeps (frequent_tokens, n capped at the vocabulary)."""
+    if tokenizer is None:
+        raise ValueError("draft_vocab counts tokens on a reference corpus and needs the target's tokenizer")
+    return frequent_tokens(tokenizer, vocab_size, min(n, vocab_size))
+
+
 class RestrictedLMHead(nn.Module):
     """Scores only `token_ids`; every other id gets -inf (never proposed, probability 0 when sampling)."""
 

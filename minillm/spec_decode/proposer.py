@@ -76,12 +76,10 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
                              f"{heads.num_heads} Medusa heads")
         head = None
         if cfg.draft_vocab is not None:
-            from minillm.spec_decode.draft_vocab import frequent_tokens, restricted_head
+            from minillm.spec_decode.draft_vocab import kept_tokens, restricted_head
 
-            if tokenizer is None:
-                raise ValueError("draft_vocab counts tokens on a reference corpus and needs the target's tokenizer")
             vocab = target.config.vocab_size
-            head = restricted_head(target.lm_head, frequent_tokens(tokenizer, vocab, min(cfg.draft_vocab, vocab)), vocab)
+            head = restricted_head(target.lm_head, kept_tokens(tokenizer, vocab, cfg.draft_vocab), vocab)
         return MedusaProposer(runner, heads, cfg.tree_template, head)
     if not cfg.builds_from_target:
         from minillm.spec_decode.draft_model import DraftModelProposer
