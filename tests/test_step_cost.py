@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from minillm.bench.step_cost import StepCost, fastest_steps
+from minillm.bench.step_cost import FastestTime, Speedup, StepCost, fastest_steps
 
 
 def steps(shapes, cost=None, durations=None):
@@ -31,3 +31,22 @@ def test_fastest_steps_takes_each_steps_minimum_and_needs_one_schedule():
     assert fastest_steps([a, b]) == [0.5, 0.1, 0.2]
     with pytest.raises(ValueError, match="different schedules"):
         fastest_steps([a, steps([(20, 0), (0, 2)], durations=[1.0, 1.0])])
+
+
+def test_fastest_time_leaves_each_repeat_out_and_speedup_divides_them():
+    shapes = [(0, 2)] * 3
+    quiet, busy_first, busy_last = ([0.1, 0.1, 0.1], [0.9, 0.1, 0.1], [0.1, 0.1, 0.9])
+    plain = FastestTime.of([steps(shapes, durations=d) for d in (quiet, busy_first, busy_last)])
+    assert plain.total_s == pytest.approx(0.3)
+    # leaving the quiet repeat out leaves both busy steps' other repeat: still each step's quiet time
+    assert plain.leave_one_out_s == pytest.approx((0.3, 0.3, 0.3))
+    lone_quiet = FastestTime.of([steps(shapes, durations=d) for d in (quiet, [0.9] * 3, [0.9] * 3)])
+    assert lone_quiet.total_s == pytest.approx(0.3) and lone_quiet.leave_one_out_s == pytest.approx((2.7, 0.3, 0.3))
+    spec = FastestTime.of([steps(shapes, durations=[0.2] * 3)] * 3)
+    ratio = Speedup.of(plain, spec)
+    assert ratio.value == pytest.approx(0.5) and ratio.sensitivity == pytest.approx(0.0)
+    assert Speedup.of(lone_quiet, spec).sensitivity == pytest.approx(4.0)  # 2.7/0.6 - 0.3/0.6
+    with pytest.raises(ValueError, match="at least 3"):
+        FastestTime.of([steps(shapes, durations=quiet)] * 2)
+    with pytest.raises(ValueError, match="same repeats"):
+        Speedup.of(plain, FastestTime.of([steps(shapes, durations=quiet)] * 4))

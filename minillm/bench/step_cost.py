@@ -36,6 +36,47 @@ def fastest_steps(traces: Sequence[Sequence[StepTrace]]) -> list[float]:
 
 
 @dataclass(frozen=True)
+class FastestTime:
+    """A run's seconds summed over its fastest steps (fastest_steps over all repeats), and the same
+    sum with each repeat left out in turn. The leave-one-out sums say how much the estimate rests on
+    any single repeat: when each step had a quiet moment in two or more repeats they agree closely;
+    when one repeat alone was quiet, leaving it out moves the sum."""
+
+    total_s: float
+    leave_one_out_s: tuple[float, ...]
+
+    @classmethod
+    def of(cls, traces: Sequence[Sequence[StepTrace]]) -> "FastestTime":
+        if len(traces) < 3:
+            raise ValueError("repeat the run at least 3 times: leaving one out must still leave a minimum over 2")
+        others = [[t for j, t in enumerate(traces) if j != i] for i in range(len(traces))]
+        return cls(sum(fastest_steps(traces)), tuple(sum(fastest_steps(o)) for o in others))
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """One run's time over another's (FastestTime each): the ratio, its leave-one-out ratios (repeat i
+    left out of both), and their range, the ratio's sensitivity to any one repeat."""
+
+    value: float
+    leave_one_out: tuple[float, ...]
+
+    @classmethod
+    def of(cls, baseline: FastestTime, faster: FastestTime) -> "Speedup":
+        if len(baseline.leave_one_out_s) != len(faster.leave_one_out_s):
+            raise ValueError("both runs need the same repeats")
+        return cls(baseline.total_s / faster.total_s,
+                   tuple(b / f for b, f in zip(baseline.leave_one_out_s, faster.leave_one_out_s)))
+
+    @property
+    def sensitivity(self) -> float:
+        return max(self.leave_one_out) - min(self.leave_one_out)
+
+    def fmt(self) -> str:
+        return f"x{self.value:.2f} (x{min(self.leave_one_out):.2f}-{max(self.leave_one_out):.2f} leaving one repeat out)"
+
+
+@dataclass(frozen=True)
 class StepCost:
     fixed_s: float
     per_prompt_token_s: float
