@@ -32,3 +32,40 @@ def test_other_dtypes_and_layouts_use_the_plain_path():
     x = torch.randn(3, 32)
     assert torch.equal(lin(x), nn.functional.linear(x, lin.weight, lin.bias))
     assert lin(torch.randn(0, 32)).shape == (0, 16)
+
+
+@pytest.mark.parametrize("rows", range(1, 9))
+@pytest.mark.parametrize("in_out", [(576, 960), (1536, 576), (40, 13)])  # 13 rows: a tile and a remainder
+def test_few_row_kernel_equals_float64_reference(rows, in_out):
+    """The C++ kernel (kernels/cpu/skinny_f32.cpp), vector and portable paths, against float64."""
+    from minillm.kernels import skinny_cpu
+
+    if not skinny_cpu.available():
+        pytest.skip("the few-row kernel could not be built here (no compiler)")
+    k, n = in_out
+    torch.manual_seed(rows * n)
+    x, w, b = torch.randn(rows, k), torch.randn(n, k), torch.randn(n)
+    ref = x.double() @ w.double().t() + b.double()
+    for portable in (False, True):
+        got = skinny_cpu.linear(x, w, b, portable)
+        assert got.shape == (rows, n) and got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-4 * k ** 0.5)
+    torch.testing.assert_close(skinny_cpu.linear(x, w), (x.double() @ w.double().t()).float(), rtol=1e-5,
+                               atol=1e-4 * k ** 0.5)
+
+
+def test_few_row_kernel_is_what_skinny_linear_runs_and_refuses_what_it_cannot_do():
+    from minillm.kernels import skinny_cpu
+
+    if not skinny_cpu.available():
+        pytest.skip("the few-row kernel could not be built here (no compiler)")
+    lin = nn.Linear(64, 48)
+    use_skinny_linears(lin)
+    x = torch.randn(4, 64)
+    assert torch.equal(lin(x), skinny_cpu.linear(x, lin.weight, lin.bias))
+    assert not skinny_cpu.applies(9, torch.randn(9, 64), lin.weight)  # beyond 8 rows: MKL's W @ x.T
+    assert not skinny_cpu.applies(2, torch.randn(2, 64, dtype=torch.bfloat16), lin.weight.bfloat16())
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        skinny_cpu.linear(torch.randn(9, 64), lin.weight)
+    with pytest.raises(RuntimeError, match="weight"):
+        skinny_cpu.linear(torch.randn(2, 64), torch.randn(48, 65))

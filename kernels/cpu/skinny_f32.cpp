@@ -1,0 +1,141 @@
+// y = x @ W.T + b for a few rows of x, float32: the product of CPU decode, verification and small batches.
+//
+// What the course teaches here (book/architecture.md, "Few-row float products"): a decode step
+// with M <= 8 rows reads every weight once and does M multiply-adds with it, so it should cost
+// what reading W costs, whatever M is. BLAS's general kernels do not get there for a handful of
+// rows (measured on a 2-core EPYC, the default model's linears, float32: 1 row 19 ms, 4 rows
+// 29 ms, 8 rows 42 ms; kernels/skinny_cpu.py has the table). This kernel streams each weight row
+// once from memory and meets it with all M activation rows while it is in registers:
+//
+//   for a tile of NR weight rows:          (NR = 4 for M <= 4, else 2: NR x M accumulators fit the registers)
+//     for k in steps of 8:                 (one 8-float vector per weight row, one per activation row)
+//       acc[r][m] += W[n + r, k:k+8] * x[m, k:k+8]
+//     y[m, n + r] = sum of acc[r][m]'s 8 lanes (+ b[n + r])
+//
+// Threads split the weight rows (at::parallel_for); x (M x K floats, at most 8 x 8960 here) stays
+// in cache. AVX2 + FMA (every x86-64 laptop since 2013) with a portable C++ path beside it; the
+// loads of the next rows are prefetched, as in gguf_matmul.cpp: a layer is a short run of rows.
+// Registered as torch.ops.minillm_skinny.linear, so torch.compile sees one opaque call.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <optional>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t MAX_ROWS = 8;
+#ifndef PF_TILES
+#define PF_TILES 2
+#endif
+
+// The reference the vector path must match (tests/test_skinny_linear.py compares them).
+void rows_portable(const float* w, const float* x, const float* b, float* y, int64_t m, int64_t k, int64_t n,
+                   int64_t lo, int64_t hi) {
+  for (int64_t j = lo; j < hi; ++j) {
+    const float* wr = w + j * k;
+    for (int64_t i = 0; i < m; ++i) {
+      const float* xr = x + i * k;
+      float s = 0.f;
+      for (int64_t t = 0; t < k; ++t) s += wr[t] * xr[t];
+      y[i * n + j] = s + (b ? b[j] : 0.f);
+    }
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// NR weight rows j..j+NR-1 against the M activation rows; k % 8 == 0 (checked by the caller).
+template <int M, int NR>
+inline void tile(const float* w, const float* x, const float* b, float* y, int64_t k, int64_t n, int64_t j) {
+  __m256 acc[NR][M];
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < M; ++i) acc[r][i] = _mm256_setzero_ps();
+  const float* wr = w + j * k;
+  const float* ahead = wr + PF_TILES * NR * k;  // the tiles' rows are contiguous: prefetch them as one run
+  for (int64_t t = 0; t < k; t += 8) {
+    if ((t & 15) == 0)  // the tile PF_TILES ahead into L2, NR lines every two steps (T0 or 1 tile: 25-29 GB/s)
+      for (int r = 0; r < NR; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + (t / 16 * NR + r) * 16), _MM_HINT_T1);
+    __m256 wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_ps(wr + r * k + t);
+    for (int i = 0; i < M; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * k + t);
+      for (int r = 0; r < NR; ++r) acc[r][i] = _mm256_fmadd_ps(wv[r], xv, acc[r][i]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < M; ++i) y[i * n + j + r] = hsum(acc[r][i]) + (b ? b[j + r] : 0.f);
+}
+
+template <int M>
+void rows_avx2(const float* w, const float* x, const float* b, float* y, int64_t k, int64_t n, int64_t lo,
+               int64_t hi) {
+  constexpr int NR = M <= 4 ? 4 : 2;
+  int64_t j = lo;
+  for (; j + NR <= hi; j += NR) tile<M, NR>(w, x, b, y, k, n, j);
+  for (; j < hi; ++j) tile<M, 1>(w, x, b, y, k, n, j);
+}
+
+void rows_simd(const float* w, const float* x, const float* b, float* y, int64_t m, int64_t k, int64_t n,
+               int64_t lo, int64_t hi) {
+  switch (m) {
+    case 1: return rows_avx2<1>(w, x, b, y, k, n, lo, hi);
+    case 2: return rows_avx2<2>(w, x, b, y, k, n, lo, hi);
+    case 3: return rows_avx2<3>(w, x, b, y, k, n, lo, hi);
+    case 4: return rows_avx2<4>(w, x, b, y, k, n, lo, hi);
+    case 5: return rows_avx2<5>(w, x, b, y, k, n, lo, hi);
+    case 6: return rows_avx2<6>(w, x, b, y, k, n, lo, hi);
+    case 7: return rows_avx2<7>(w, x, b, y, k, n, lo, hi);
+    default: return rows_avx2<8>(w, x, b, y, k, n, lo, hi);
+  }
+}
+#endif
+
+// x [M, K], weight [N, K], bias [N] or none -> [M, N]; M <= 8, float32, contiguous.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                  bool portable) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "x [M, K] and weight [N, K]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "float32 only");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= MAX_ROWS, "1 to 8 rows of x");
+  TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous [N, K]");
+  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
+  const at::Tensor xc = x.contiguous();
+  std::optional<at::Tensor> bc;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->numel() == n && bias->scalar_type() == at::kFloat, "bias [N], float32");
+    bc = bias->contiguous();
+  }
+  at::Tensor y = at::empty({m, n}, x.options());
+  const float* w = weight.data_ptr<float>();
+  const float* xp = xc.data_ptr<float>();
+  const float* b = bc ? bc->data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  // a grain of 64 rows: at least 64 x K x 4 bytes (>= 147 KB at K = 576) per task, too little to split further
+  at::parallel_for(0, n, 64, [&](int64_t lo, int64_t hi) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (!portable && k % 8 == 0) return rows_simd(w, xp, b, yp, m, k, n, lo, hi);
+#endif
+    rows_portable(w, xp, b, yp, m, k, n, lo, hi);
+  });
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(minillm_skinny, lib) {
+  lib.def("linear(Tensor x, Tensor weight, Tensor? bias, bool portable=False) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(minillm_skinny, CPU, lib) { lib.impl("linear", &linear); }
