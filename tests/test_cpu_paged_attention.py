@@ -95,3 +95,39 @@ def test_the_engine_gives_the_same_tokens_with_the_kernel_off(monkeypatch):
     calls.clear()
     assert run() == with_kernel
     assert not calls
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_chunks_as_kernel_rows_equal_the_chunk_path(window, dtype):
+    """A step of 2 decode rows, two verify chunks (5 and 3 rows over cached keys), a 20-row prefill chunk
+    and a fresh prompt: the kernel serves the decode rows and both verify chunks in one call (query i of a
+    chunk as a decode row of its own length); the result equals the gather + SDPA chunk path."""
+    from minillm.attention.metadata import AttentionMetadata
+    from minillm.attention.torch_backend import TorchAttentionBackend
+
+    g = torch.Generator().manual_seed(7)
+    bs, kvh, group, d, blocks = 4, 2, 3, 16, 64
+    query_lens, seq_lens = [1, 1, 5, 3, 20, 6], [9, 14, 17, 8, 30, 6]
+    perm = torch.randperm(blocks, generator=g).tolist()
+    tables, used = [], 0
+    for n in seq_lens:
+        tables.append(perm[used : used + -(-n // bs)])
+        used += len(tables[-1])
+    k_cache = torch.randn(blocks, bs, kvh, d, generator=g).to(dtype)
+    v_cache = torch.randn(blocks, bs, kvh, d, generator=g).to(dtype)
+    t = sum(query_lens)
+    q = torch.randn(t, kvh * group, d, generator=g).to(dtype)
+    k, v = torch.randn(t, kvh, d, generator=g).to(dtype), torch.randn(t, kvh, d, generator=g).to(dtype)
+    backend = TorchAttentionBackend()
+    outs = []
+    for as_rows in (True, False):
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, bs)
+        backend.prepare(meta, bs, kvh, quantized=False)
+        if as_rows:
+            assert (meta.kernel_seqs, meta.kernel_rows) == (4, 10)  # stops at the prefill chunk
+        else:
+            meta.kernel_seqs = meta.kernel_rows = 0
+        outs.append(backend.forward(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.25, window=window))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=tol, rtol=tol)

@@ -47,6 +47,14 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # bool [num_decode_seqs, 1, 1, L]; None when all lengths are equal
     # the same three for the sliding-window layers, per window: derived by the first such layer, shared after
     decode_windowed: dict[int, tuple] = field(default_factory=dict)
+    # CPU kernel steps (torch backend): the first kernel_seqs sequences -- the decode rows, then each short
+    # chunk right after them that follows cached keys (a verify step's k + 1 rows) -- as kernel_rows rows of
+    # one paged-decode call: per row its sequence's block table and its own length (query i of a chunk
+    # sees the keys up to its position, so a causal chunk is that many decode rows)
+    kernel_seqs: int = 0
+    kernel_rows: int = 0
+    kernel_tables: torch.Tensor | None = None  # int32 [kernel_rows, max_blocks]
+    kernel_lens: torch.Tensor | None = None  # [kernel_rows]
     # tree verification (None when no sequence of the step verifies a tree): per packed row, which of its
     # chunk's own keys it sees (bool [num_tokens, max_query_len]) and its offset in positions (int32 [num_tokens])
     tree_mask: torch.Tensor | None = None

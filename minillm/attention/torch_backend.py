@@ -241,6 +241,29 @@ def forward_quant(
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
 
+MAX_CHUNK_AS_ROWS = 16  # longer chunks (prefill) attend faster through SDPA than as separate decode rows
+
+
+def kernel_rows(meta: AttentionMetadata) -> None:
+    """Fill meta.kernel_*: the decode rows, then each following short causal chunk over cached keys, as
+    rows of one paged-decode call. Row i of a chunk of lq rows ending at length sl is a decode query at
+    length sl - lq + 1 + i: the same keys, the same mask (and window) as the chunk's own attention."""
+    nd, covered = meta.num_decode_seqs, meta.num_decode_seqs
+    tables, lens = [meta.block_tables[:nd]], [meta.seq_lens[:nd]]
+    seqs = nd
+    for i in range(nd, meta.num_seqs):
+        lq, sl = meta.query_lens_list[i], meta.seq_lens_list[i]
+        if lq > MAX_CHUNK_AS_ROWS or lq == sl or (meta.tree_seqs is not None and meta.tree_seqs[i]):
+            break  # a prefill chunk, or a tree (its own mask): they keep the chunk path, as do the chunks after
+        tables.append(meta.block_tables[i : i + 1].expand(lq, -1))
+        lens.append(torch.arange(sl - lq + 1, sl + 1, dtype=meta.seq_lens.dtype))
+        covered, seqs = covered + lq, i + 1
+    if seqs > nd:
+        meta.kernel_seqs, meta.kernel_rows = seqs, covered
+        meta.kernel_tables = torch.cat(tables).to(torch.int32)
+        meta.kernel_lens = torch.cat(lens)
+
+
 def decode_state(meta: AttentionMetadata, window: int | None, block_size: int, num_kv_heads: int,
                  quantized: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(slots, rows, mask) of this step's decode keys for a layer with this window (eager steps).
@@ -267,8 +290,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     def prepare(self, meta: AttentionMetadata, block_size: int, num_kv_heads: int, quantized: bool) -> None:
         """The decode keys' pool slots, computed once per step and shared by all layers."""
-        if meta.block_tables.device.type == "cpu":
-            cpu_paged.available()  # builds the C++ kernel once, eagerly (a compiled graph only reads the result)
+        if meta.block_tables.device.type == "cpu" and cpu_paged.available() and not quantized:
+            kernel_rows(meta)  # builds the C++ kernel once, eagerly (a compiled graph only reads the result)
         nd = meta.num_decode_seqs
         if not nd:
             return
@@ -307,14 +330,18 @@ class TorchAttentionBackend(AttentionBackend):
             return paged_decode(q, k_cache, v_cache, rows, mask, scale)
         nd = meta.num_decode_seqs
         parts = []
-        if nd and kernel:
+        first, start = nd, nd
+        if kernel and meta.kernel_rows:  # decode rows and verify chunks, in one call
+            parts.append(cpu_paged.paged_decode(q[:meta.kernel_rows], k_cache, v_cache, meta.kernel_tables,
+                                                meta.kernel_lens, scale, window))
+            first, start = meta.kernel_seqs, meta.kernel_rows
+        elif nd and kernel:
             parts.append(cpu_paged.paged_decode(q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
                                                 window))
         elif nd:
             _, rows, mask = decode_state(meta, window, bs, k_cache.shape[2], quantized=False)
             parts.append(paged_decode(q[:nd], k_cache, v_cache, rows, mask, scale))
-        start = nd
-        for i in range(nd, meta.num_seqs):
+        for i in range(first, meta.num_seqs):
             lq, sl = meta.query_lens_list[i], meta.seq_lens_list[i]
             qi = q[start : start + lq]
             if lq == sl:  # nothing cached before this chunk: use the fresh K/V directly
