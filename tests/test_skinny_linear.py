@@ -34,7 +34,7 @@ def test_other_dtypes_and_layouts_use_the_plain_path():
     assert lin(torch.randn(0, 32)).shape == (0, 16)
 
 
-@pytest.mark.parametrize("rows", range(1, 9))
+@pytest.mark.parametrize("rows", [*range(1, 9), 12, 16, 21, 32])  # beyond 8: groups of 8 over each weight tile
 @pytest.mark.parametrize("in_out", [(576, 960), (1536, 576), (40, 13)])  # 13 rows: a tile and a remainder
 def test_few_row_kernel_equals_float64_reference(rows, in_out):
     """The C++ kernel (kernels/cpu/skinny_f32.cpp), vector and portable paths, against float64."""
@@ -63,9 +63,9 @@ def test_few_row_kernel_is_what_skinny_linear_runs_and_refuses_what_it_cannot_do
     use_skinny_linears(lin)
     x = torch.randn(4, 64)
     assert torch.equal(lin(x), skinny_cpu.linear(x, lin.weight, lin.bias))
-    assert not skinny_cpu.applies(9, torch.randn(9, 64), lin.weight)  # beyond 8 rows: MKL's W @ x.T
+    assert not skinny_cpu.applies(33, torch.randn(33, 64), lin.weight)  # beyond 32 rows: MKL's W @ x.T
     assert not skinny_cpu.applies(2, torch.randn(2, 64, dtype=torch.bfloat16), lin.weight.bfloat16())
-    with pytest.raises(RuntimeError, match="1 to 8 rows"):
-        skinny_cpu.linear(torch.randn(9, 64), lin.weight)
+    with pytest.raises(RuntimeError, match="1 to 32 rows"):
+        skinny_cpu.linear(torch.randn(33, 64), lin.weight)
     with pytest.raises(RuntimeError, match="weight"):
         skinny_cpu.linear(torch.randn(2, 64), torch.randn(48, 65))

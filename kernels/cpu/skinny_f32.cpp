@@ -1,4 +1,4 @@
-// y = x @ W.T + b for a few rows of x, float32: the product of CPU decode, verification and small batches.
+// y = x @ W.T + b for up to 32 rows of x, float32: the product of CPU decode, verification and small batches.
 //
 // What the course teaches here (book/architecture.md, "Few-row float products"): a decode step
 // with M <= 8 rows reads every weight once and does M multiply-adds with it, so it should cost
@@ -12,14 +12,15 @@
 //       acc[r][m] += W[n + r, k:k+8] * x[m, k:k+8]
 //     y[m, n + r] = sum of acc[r][m]'s 8 lanes (+ b[n + r])
 //
-// Threads split the weight rows (at::parallel_for); x (M x K floats, at most 8 x 8960 here) stays
-// in cache. AVX2 + FMA (every x86-64 laptop since 2013) with a portable C++ path beside it; the
+// More than 8 rows of x (up to 32): each 2-row weight tile, read from memory once, meets them 8 at a
+// time from L1. Threads split the weight rows (at::parallel_for); x stays in cache. AVX2 + FMA (every x86-64 laptop since 2013) with a portable C++ path beside it; the
 // loads of the next rows are prefetched, as in gguf_matmul.cpp: a layer is a short run of rows.
 // Registered as torch.ops.minillm_skinny.linear, so torch.compile sees one opaque call.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 
@@ -29,7 +30,11 @@
 
 namespace {
 
-constexpr int64_t MAX_ROWS = 8;
+constexpr int64_t GROUP = 8;  // rows of x whose accumulators fit the registers at once
+#ifndef MAX_ROWS_DEF
+#define MAX_ROWS_DEF 32
+#endif
+constexpr int64_t MAX_ROWS = MAX_ROWS_DEF;
 #ifndef PF_TILES
 #define PF_TILES 2
 #endif
@@ -88,8 +93,33 @@ void rows_avx2(const float* w, const float* x, const float* b, float* y, int64_t
   for (; j < hi; ++j) tile<M, 1>(w, x, b, y, k, n, j);
 }
 
+// NR weight rows against m <= 8 activation rows (m picks the template)
+template <int NR>
+void tile_rows(const float* w, const float* x, const float* b, float* y, int64_t m, int64_t k, int64_t n, int64_t j) {
+  switch (m) {
+    case 1: return tile<1, NR>(w, x, b, y, k, n, j);
+    case 2: return tile<2, NR>(w, x, b, y, k, n, j);
+    case 3: return tile<3, NR>(w, x, b, y, k, n, j);
+    case 4: return tile<4, NR>(w, x, b, y, k, n, j);
+    case 5: return tile<5, NR>(w, x, b, y, k, n, j);
+    case 6: return tile<6, NR>(w, x, b, y, k, n, j);
+    case 7: return tile<7, NR>(w, x, b, y, k, n, j);
+    default: return tile<8, NR>(w, x, b, y, k, n, j);
+  }
+}
+
 void rows_simd(const float* w, const float* x, const float* b, float* y, int64_t m, int64_t k, int64_t n,
                int64_t lo, int64_t hi) {
+  if (m > GROUP) {
+    // more rows than registers: each tile of 2 weight rows (<= 12 KB at K = 1536) is read from memory
+    // once and from L1 by every further group of 8 rows of x
+    int64_t j = lo;
+    for (; j + 2 <= hi; j += 2)
+      for (int64_t g = 0; g < m; g += GROUP) tile_rows<2>(w, x + g * k, b, y + g * n, std::min(GROUP, m - g), k, n, j);
+    for (; j < hi; ++j)
+      for (int64_t g = 0; g < m; g += GROUP) tile_rows<1>(w, x + g * k, b, y + g * n, std::min(GROUP, m - g), k, n, j);
+    return;
+  }
   switch (m) {
     case 1: return rows_avx2<1>(w, x, b, y, k, n, lo, hi);
     case 2: return rows_avx2<2>(w, x, b, y, k, n, lo, hi);
@@ -103,12 +133,12 @@ void rows_simd(const float* w, const float* x, const float* b, float* y, int64_t
 }
 #endif
 
-// x [M, K], weight [N, K], bias [N] or none -> [M, N]; M <= 8, float32, contiguous.
+// x [M, K], weight [N, K], bias [N] or none -> [M, N]; M <= MAX_ROWS, float32, contiguous.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   bool portable) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "x [M, K] and weight [N, K]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "float32 only");
-  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= MAX_ROWS, "1 to 8 rows of x");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= MAX_ROWS, "1 to ", MAX_ROWS, " rows of x");
   TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous [N, K]");
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   const at::Tensor xc = x.contiguous();

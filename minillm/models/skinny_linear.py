@@ -15,11 +15,12 @@ Between 9 and 15 rows MKL's narrow kernels are slower than its 16-column one
 17.5 ms; the [1536, 576] MLP projection 0.29 / 0.30 / 0.20 ms), so those are
 padded to 16 rows. That is the size of a Medusa tree's verify step.
 
-Up to 8 rows, a hand-written kernel (kernels/cpu/skinny_f32.cpp) streams each
-weight row once and meets it with every row of x in registers, so 1 to 4 rows
-cost about what reading W costs: the default model's body linears, same machine,
-two threads, 1 / 2 / 4 / 8 rows: 13.0 / 13.5 / 13.5 / 17.2 ms (W @ x.T through
-MKL: 19.2 / 17.8 / 27.6 / 41.8 ms). Where it cannot be built, MKL runs as above.
+Up to 32 rows, a hand-written kernel (kernels/cpu/skinny_f32.cpp) streams each
+weight row once and meets it with the rows of x in registers (8 at a time), so 1
+to 4 rows cost about what reading W costs: the default model's body linears, same
+machine, two threads, 1 / 2 / 4 / 8 rows: 13.0 / 13.5 / 13.5 / 17.2 ms (W @ x.T
+through MKL: 19.2 / 17.8 / 27.6 / 41.8 ms); 16 / 32 rows: 28.8 / 51.0 ms (MKL
+49.1 / 74.7). Where it cannot be built, MKL runs as above.
 
 Values are the same products (each output a dot product over `in`), only the
 kernel differs (and so the order of the float sums). Used in eager mode only: a
