@@ -97,6 +97,20 @@ def build_extension(source: Path, prefix: str, label: str, flags: tuple[str, ...
             shutil.rmtree(old, ignore_errors=True)
 
 
+def loads_or_warns(load, fallback: str) -> bool:
+    """Call `load` (a kernel's build-and-load); True if it worked, else warn once what runs instead
+    (`fallback`, e.g. "the torch path runs instead") with the reason, and False. Shared by the CPU
+    paged attention and the few-row linear, whose callers fall back rather than fail."""
+    try:
+        load()
+    except GGUFKernelUnavailable as e:
+        import warnings
+
+        warnings.warn(f"{fallback}: {e}", stacklevel=3)
+        return False
+    return True
+
+
 def _build(label: str, flags: tuple[str, ...]):
     build_extension(SOURCE, "minillm_gguf", label, flags)
     return torch.ops.minillm_gguf

@@ -41,15 +41,8 @@ def available() -> bool:
     global _ready
     if os.environ.get("MINILLM_CPU_ATTENTION", "").lower() == "torch":
         return False
-    try:
-        load()
-    except gguf_cpu.GGUFKernelUnavailable as e:
-        import warnings
-
-        warnings.warn(f"CPU paged attention unavailable, gathering K/V in PyTorch instead: {e}", stacklevel=2)
-        return False
-    _ready = True
-    return True
+    _ready = gguf_cpu.loads_or_warns(load, "CPU paged attention unavailable, gathering K/V in PyTorch instead")
+    return _ready
 
 
 def applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

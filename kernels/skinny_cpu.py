@@ -47,15 +47,8 @@ def available() -> bool:
     global _ready
     if os.environ.get("MINILLM_SKINNY", "").lower() == "mkl":
         return False
-    try:
-        load()
-    except gguf_cpu.GGUFKernelUnavailable as e:
-        import warnings
-
-        warnings.warn(f"few-row float32 linear unavailable, using MKL: {e}", stacklevel=2)
-        return False
-    _ready = True
-    return True
+    _ready = gguf_cpu.loads_or_warns(load, "few-row float32 linear unavailable, using MKL")
+    return _ready
 
 
 def applies(rows: int, x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -69,3 +69,14 @@ def test_few_row_kernel_is_what_skinny_linear_runs_and_refuses_what_it_cannot_do
         skinny_cpu.linear(torch.randn(33, 64), lin.weight)
     with pytest.raises(RuntimeError, match="weight"):
         skinny_cpu.linear(torch.randn(2, 64), torch.randn(48, 65))
+
+
+def test_a_kernel_that_cannot_build_warns_and_falls_back():
+    from minillm.kernels import gguf_cpu
+
+    def broken():
+        raise gguf_cpu.GGUFKernelUnavailable("no compiler")
+
+    with pytest.warns(UserWarning, match="MKL runs instead: no compiler"):
+        assert gguf_cpu.loads_or_warns(broken, "MKL runs instead") is False
+    assert gguf_cpu.loads_or_warns(lambda: None, "unused") is True
