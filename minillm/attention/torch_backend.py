@@ -290,8 +290,9 @@ class TorchAttentionBackend(AttentionBackend):
 
     def prepare(self, meta: AttentionMetadata, block_size: int, num_kv_heads: int, quantized: bool) -> None:
         """The decode keys' pool slots, computed once per step and shared by all layers."""
+        # available() builds the C++ kernel once, eagerly (a compiled graph only reads the result)
         if meta.block_tables.device.type == "cpu" and cpu_paged.available() and not quantized:
-            kernel_rows(meta)  # builds the C++ kernel once, eagerly (a compiled graph only reads the result)
+            kernel_rows(meta)  # decode rows and verify chunks as rows of one kernel call
         nd = meta.num_decode_seqs
         if not nd:
             return
