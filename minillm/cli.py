@@ -282,7 +282,8 @@ def cmd_train_medusa(a: argparse.Namespace) -> int:
     from minillm.spec_decode.medusa_train import MedusaTrainConfig, train_heads
 
     cfg = MedusaTrainConfig(num_heads=a.num_heads, num_chat_prompts=a.num_prompts,
-                            num_topic_questions=a.num_topic_questions, max_new_tokens=a.max_new_tokens,
+                            num_topic_questions=a.num_topic_questions,
+                            num_general_questions=a.num_general_questions, max_new_tokens=a.max_new_tokens,
                             epochs=a.epochs, lr=a.lr, seed=a.seed, max_train_seconds=a.max_train_seconds)
     loaded = load_model(a.model)
     heads, report = train_heads(loaded.model, loaded.tokenizer, loaded.eos_token_ids, cfg,
@@ -343,12 +344,14 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--assemble", metavar="NAME", default=None, help="assemble and verify NAME's GGUF now; print its path")
     m.set_defaults(fn=cmd_models)
     t = sub.add_parser("train-medusa", help="train Medusa-1 heads on a frozen model from its own answers "
-                                            "(pydoc passages and code heads); writes a safetensors file")
+                                            "(pydoc passages, everyday questions and code heads); writes a safetensors file")
     t.add_argument("--model", default=None, help="the base model (default: SmolLM2-135M-Instruct)")
     t.add_argument("--out", required=True, help="where to write the heads (.safetensors)")
     t.add_argument("--num-heads", type=int, default=3)
     t.add_argument("--num-prompts", type=int, default=96, help="pydoc passages asked about (code heads come on top)")
     t.add_argument("--num-topic-questions", type=int, default=64, help="short questions about pydoc topic names")
+    t.add_argument("--num-general-questions", type=int, default=124,
+                   help="everyday chat questions (how things work, tips, how-tos; 124 in all)")
     t.add_argument("--max-new-tokens", type=int, default=96)
     t.add_argument("--epochs", type=int, default=2)
     t.add_argument("--lr", type=float, default=2e-3)

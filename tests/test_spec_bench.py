@@ -61,3 +61,24 @@ def test_a_draft_model_proposer_can_cut_its_vocabulary():
                                                                "num_tokens": 1}
     assert Proposer("draft:qwen2.5-coder-0.5b+compile").speculative == {
         "method": "draft", "model": "qwen2.5-coder-0.5b", "num_tokens": 1, "compile": True}
+
+
+def test_medusa_on_chat_has_its_own_target_from_its_best_chat_cell():
+    from minillm.bench.stats import figure
+
+    def cell(name, k, tok_s, acc=None):
+        return {"proposer": name, "k": k, "decode_tok_per_s": figure("tok/s", [tok_s]), "acceptance_rate": acc,
+                "step_ms": 1000 / tok_s}
+
+    batch1 = {"chat": {("none", 0): cell("none", 0, 40.0), ("medusa", 1): cell("medusa", 1, 48.0, 0.4),
+                       ("medusa", 3): cell("medusa", 3, 56.0, 0.3), ("ngram", 3): cell("ngram", 3, 80.0, 0.9)},
+              "code": {("none", 0): cell("none", 0, 40.0), ("medusa", 1): cell("medusa", 1, 100.0, 0.9),
+                       ("medusa", 3): cell("medusa", 3, 40.0, 0.1), ("ngram", 3): cell("ngram", 3, 40.0, 0.1)}}
+    summary = sb.summarize_spec(batch1, {})
+    best = summary["best_medusa_on_chat"]
+    assert (best["proposer"], best["k"]) == ("medusa", 3) and best["speedup"] == pytest.approx(1.4)  # not ngram's x2
+    medusa_target = next(t for t in summary["targets"] if t.name == "spec_medusa_chat_speedup")
+    assert medusa_target.value == pytest.approx(1.4) and medusa_target.passed  # >= 1.3
+    no_medusa = sb.summarize_spec({"chat": {k: v for k, v in batch1["chat"].items() if k[0] != "medusa"}}, {})
+    assert no_medusa["best_medusa_on_chat"] is None
+    assert all(t.name != "spec_medusa_chat_speedup" for t in no_medusa["targets"])

@@ -29,12 +29,15 @@ def random_heads(model, k=3, seed=0, scale=0.3) -> MedusaHeads:
     return heads
 
 
-def generate(spec, num_blocks=256, lm_head=None):
-    """lm_head: a head that ranks the Medusa guesses instead of the target's own (draft_vocab's kind)."""
+def generate(spec, num_blocks=256, lm_head=None, tweak=None):
+    """lm_head: a head that ranks the Medusa guesses instead of the target's own (draft_vocab's kind).
+    tweak: called with the engine before any request."""
     e = LLMEngine(tiny_model(seed=1, vocab=VOCAB), None, [], EngineConfig(
         block_size=4, num_kv_blocks=num_blocks, max_num_seqs=8, max_num_batched_tokens=64, speculative=spec))
     if lm_head is not None:
         e.proposer.lm_head = lm_head(e.executor.model)
+    if tweak is not None:
+        tweak(e)
     params = SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True, stop_token_ids=[7])
     for i, p in enumerate(random_prompts(8, VOCAB, 3, 12, seed=4)):
         e.add_request(str(i), p * 2, params)
@@ -53,6 +56,40 @@ def test_greedy_with_medusa_guesses_equals_greedy(num_blocks):
         assert not e.proposer.hidden  # nothing kept for finished sequences
         if num_blocks < 256:
             assert any(s.preemptions for s in e.trace)
+
+
+@pytest.mark.parametrize("spec", [{"num_tokens": 3}, {"num_tokens": 1}, {"tree": [3, 2, 1]}])
+def test_guesses_ranked_in_the_verify_steps_lm_head_pass_are_the_same_guesses(spec):
+    """The heads' outputs for every logit row share the step's LM-head product (ModelRunner.logit_extras):
+    the proposals are the ones a pass of their own gives, and the LM head runs once per step."""
+    model = tiny_model(seed=1, vocab=VOCAB)
+    spec = {"method": "medusa", "heads": random_heads(model), **spec}
+    calls = {}
+
+    def counting(name, fuse):
+        def tweak(e):
+            m = e.executor.model
+            forward = m.compute_logits
+            calls[name] = 0
+
+            def compute_logits(h):
+                calls[name] += 1
+                return forward(h)
+            m.compute_logits = compute_logits
+            if fuse:
+                e.proposer.rows_per_read = 10**6  # every step's rows fit one weight pass: always share it
+            else:
+                e.executor.logit_extras = None
+        return tweak
+
+    ref, _ = generate(None)
+    shared, e1 = generate(spec, tweak=counting("shared", True))
+    alone, e2 = generate(spec, tweak=counting("alone", False))
+    assert shared == alone == ref
+    guesses = lambda e: [(r.seq_id, r.draft_token_ids) for s in e.trace for r in s.spec]  # noqa: E731
+    assert guesses(e1) == guesses(e2) and any(g for _, g in guesses(e1))
+    assert calls["shared"] == len(e1.trace) < calls["alone"]  # one LM-head product per step
+    assert not e1.proposer.ranked and not e1.proposer.hidden  # nothing kept for finished sequences
 
 
 def test_guesses_ranked_on_kept_rows_keep_greedy_output():
@@ -80,7 +117,9 @@ def test_greedy_with_a_medusa_tree_equals_greedy(num_blocks):
     out, e = generate({"method": "medusa", "heads": random_heads(model), "tree": [3, 2, 1]}, num_blocks)
     assert out == ref
     recs = [r for s in e.trace for r in s.spec]
-    assert sum(r.num_proposed for r in recs) > 0 and all(r.draft_parents for r in recs if r.num_proposed)
+    assert sum(r.num_proposed for r in recs) > 0
+    # a one-node prefix of the tree (a short budget) is a chain, verified as one; anything longer is a tree
+    assert all(bool(r.draft_parents) == (r.num_proposed > 1) for r in recs if r.num_proposed)
     assert max(r.num_proposed for r in recs) > 3  # more candidates than a chain of 3 heads holds
     if num_blocks < 256:
         assert any(s.preemptions for s in e.trace)
@@ -140,3 +179,20 @@ def test_training_teaches_the_heads_the_default_models_own_continuations(default
     top1, untrained = report.holdout_top1, report.holdout_untrained_top1
     assert top1[0] > untrained[0] + 0.1, (top1, untrained)
     assert report.holdout_chain_acceptance[1] <= report.holdout_chain_acceptance[0] <= top1[0]
+
+
+def test_training_prompts_stay_off_the_measured_chat_prompts():
+    # the heads must be measured on questions they never saw, about subjects they never saw
+    from minillm.bench.spec import CHAT, COMPLETE
+    from minillm.spec_decode.medusa_prompts import BENCH_SUBJECTS, CODE_HEADS, general_questions
+
+    notebook_chat = ("Why is the sky blue?", "Give me three tips for sleeping better.")
+    for q in CHAT + notebook_chat:
+        assert any(s.lower() in q.lower() for s in BENCH_SUBJECTS), q  # the list names every measured subject
+    questions = general_questions()
+    assert len(questions) == len(set(questions)) >= 100
+    for q in questions:
+        assert not any(s.lower() in q.lower() for s in BENCH_SUBJECTS), q
+    trained_functions = {sig.split("(")[0] for sig, _ in CODE_HEADS}
+    for c in COMPLETE:
+        assert not any(f"def {f}(" in c for f in trained_functions), c

@@ -457,18 +457,23 @@ def check_draft_pair(code_acceptance: list[float], speedups: list[tuple[float, f
                 f"the cost model predicts a loss (x{predicted:.2f}) but the measurement shows x{measured:.2f}")
 
 
-def check_medusa_heads(in_domain_head1: float, untrained_head1: float, chat_head1: float,
-                       speedups: list[tuple[float, float]], min_lift: float = 0.1, tolerance: float = 0.3) -> None:
-    """Notebook 09's Medusa heads (Cai et al., ICML 2024), trained on one domain for minutes: head 1
-    (the t+2 guess) is accepted more than `min_lift` more often in its domain than an untrained
-    head's held-out top-1, and less often in general chat than in its domain; the cost model
+def check_medusa_heads(head1_by_domain: dict[str, float], untrained_head1: float, k1_verify_cost: float,
+                       speedups: list[tuple[float, float]], min_lift: float = 0.05, max_k1_cost: float = 1.3,
+                       tolerance: float = 0.3) -> None:
+    """Notebook 09's Medusa heads (Cai et al., ICML 2024), trained for minutes on the model's answers to
+    Python questions and everyday ones: on questions never trained on, head 1 (the t+2 guess) is
+    accepted more than `min_lift` more often than an untrained head's held-out top-1 in each kind of
+    text; a k = 1 verify step costs under `max_k1_cost` decode steps (its 2 rows go through the
+    paged-decode kernel, and the heads' guesses share its LM-head pass); and the cost model
     (1 + sum of the chain acceptances) x decode step / verify step predicts each measured speed-up
     within `tolerance`. speedups: (measured, predicted) per domain and k."""
-    assert in_domain_head1 > untrained_head1 + min_lift, (
-        f"head 1 accepted {in_domain_head1:.2f} in its domain, not > an untrained head's {untrained_head1:.2f} "
-        f"+ {min_lift}: the training did not take")
-    assert chat_head1 < in_domain_head1, (
-        f"head 1 accepted {chat_head1:.2f} in general chat, no less than {in_domain_head1:.2f} in its own domain")
+    for domain, head1 in head1_by_domain.items():
+        assert head1 > untrained_head1 + min_lift, (
+            f"head 1 accepted {head1:.2f} on {domain}, not > an untrained head's {untrained_head1:.2f} + {min_lift}: "
+            f"the training did not take there")
+    assert k1_verify_cost < max_k1_cost, (
+        f"a k = 1 verify step cost {k1_verify_cost:.2f} decode steps, not < {max_k1_cost}: a second pass over the "
+        f"LM head, or the verify rows off the decode kernel?")
     for measured, predicted in speedups:
         assert abs(measured / predicted - 1) < tolerance, (
             f"Medusa measured x{measured:.2f} vs the cost model's x{predicted:.2f}: off by more than {tolerance:.0%}")

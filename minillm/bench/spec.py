@@ -36,6 +36,8 @@ SPEC_BATCH1_SPEEDUP = ("spec_batch1_speedup",
                        "for the proposer and k with the best median", 1.5)
 SPEC_DRAFT_MODEL_CODE = ("spec_draft_model_code_speedup",
                          "batch-1 decode tok/s with / without a separate draft model on code completion (best k)", 1.5)
+SPEC_MEDUSA_CHAT = ("spec_medusa_chat_speedup",
+                    "batch-1 decode tok/s with / without Medusa heads on chat (the best Medusa proposer and k)", 1.3)
 
 CHAT = (
     "What is the capital of France and why is it famous?",
@@ -143,6 +145,10 @@ class Proposer:
     @property
     def is_draft_model(self) -> bool:
         return self.name.startswith("draft:")
+
+    @property
+    def is_medusa(self) -> bool:
+        return self.name.partition(":")[0].partition("@")[0] in ("medusa", "medusa-tree")
 
 
 @dataclass
@@ -263,7 +269,8 @@ def measure_batch_scaling(engines: dict[str, LLMEngine], workload: SpecWorkload,
 def summarize_spec(batch1: dict[str, dict], scaling: dict[str, dict[str, dict[int, float]]]) -> dict[str, Any]:
     """Speed-ups over the no-speculation run of the same workload; per (proposer, k) the median over
     workloads; the best of those medians is the target's figure (one setting that must serve every
-    workload, not the best cell). A separate draft model also has its own target on code completion."""
+    workload, not the best cell). A separate draft model also has its own target on code completion,
+    Medusa on chat."""
     import statistics
 
     rows, per_config = [], {}
@@ -282,15 +289,23 @@ def summarize_spec(batch1: dict[str, dict], scaling: dict[str, dict[str, dict[in
     code = [r for r in rows if r["workload"] == "code" and Proposer(r["proposer"]).is_draft_model
             and r["speedup"] is not None]
     best_code = max(code, key=lambda r: r["speedup"], default=None)
+    chat = [r for r in rows if r["workload"] == "chat" and Proposer(r["proposer"]).is_medusa
+            and r["speedup"] is not None]
+    best_chat = max(chat, key=lambda r: r["speedup"], default=None)
     gains = {wl: {name: {b: ratio(v, per["none"][b]) for b, v in per[name].items()}
                   for name in per if name != "none"} for wl, per in scaling.items() if "none" in per}
     targets: list[Target] = [target(SPEC_BATCH1_SPEEDUP, best["median_speedup"] if best else None)]
     if best_code is not None:
         targets.append(target(SPEC_DRAFT_MODEL_CODE, best_code["speedup"]))
+    if best_chat is not None:
+        targets.append(target(SPEC_MEDUSA_CHAT, best_chat["speedup"]))
     return {"batch1": rows, "best": best, "median_over_workloads": medians,
             "best_draft_model_on_code": None if best_code is None else
             {"proposer": best_code["proposer"], "k": best_code["k"], "speedup": best_code["speedup"],
              "acceptance_rate": best_code["acceptance_rate"]},
+            "best_medusa_on_chat": None if best_chat is None else
+            {"proposer": best_chat["proposer"], "k": best_chat["k"], "speedup": best_chat["speedup"],
+             "acceptance_rate": best_chat["acceptance_rate"]},
             "batch_scaling_tok_per_s": scaling, "batch_scaling_speedup": gains, "targets": targets}
 
 

@@ -177,6 +177,7 @@ class LLMEngine:
             raise ValueError("change num_tokens between runs, not while requests are in flight")
         self.config.speculative = self.config.speculative.with_num_tokens(k)
         self.scheduler.num_lookahead_slots = self.config.speculative.num_lookahead_slots
+        self.proposer.set_lookahead(self.scheduler.num_lookahead_slots)
 
     def close(self) -> None:
         """Stop worker processes, if any (one process holds nothing to release)."""

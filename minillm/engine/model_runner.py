@@ -8,6 +8,8 @@ A tensor-parallel rank runs the same ModelRunner on its shard (parallel/), so
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from minillm.attention.registry import make_attention_backend
@@ -78,6 +80,10 @@ class ModelRunner(Executor):
         self.compiled_decode = None
         self.compiled_logits = None
         self.last_hidden: torch.Tensor | None = None  # final hidden states of the last step's logit rows
+        # more rows for the same LM-head product: given the logit rows' hidden states, a proposer (Medusa)
+        # returns rows of its own or None; their logits land in last_extra_logits (else None)
+        self.logit_extras: Callable[[torch.Tensor], torch.Tensor | None] | None = None
+        self.last_extra_logits: torch.Tensor | None = None
         if config.compile:
             self.compiled_decode = frozen_compile(model.forward, cpu_wrapper=self.device.type == "cpu")
             mark_pool_static(self.pool.tensors())
@@ -121,4 +127,11 @@ class ModelRunner(Executor):
         if self.compiled_logits is not None and len(batch.logit_rows) == 1:
             compute_logits = self.compiled_logits
         self.last_hidden = hidden[torch.tensor(batch.logit_rows, device=dev)]  # Medusa's heads read them
-        return compute_logits(self.last_hidden)
+        extra = self.logit_extras(self.last_hidden) if self.logit_extras is not None else None
+        self.last_extra_logits = None
+        if extra is None:
+            return compute_logits(self.last_hidden)
+        # one pass over the LM head's weights for both: at a few rows the product costs one weight read
+        logits = self.model.compute_logits(torch.cat([self.last_hidden, extra.to(self.last_hidden.dtype)]))
+        self.last_extra_logits = logits[len(batch.logit_rows):]
+        return logits[: len(batch.logit_rows)]

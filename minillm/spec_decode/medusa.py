@@ -4,12 +4,16 @@
     LLM(model, speculative={"method": "medusa", "heads": "my_heads.safetensors"})
     LLM(speculative={"method": "medusa", "tree": [3, 2, 1]})   # 15 candidates in a tree
 
-No second model and no second KV pool. After each step the engine hands the
-proposer the final hidden state of the row that chose each sequence's newest
-token (`observe`); the next step's proposal runs the heads on it and the
-target's LM head on their outputs (one batched matmul for all heads and
-sequences) and takes each head's top-1: a chain of guesses for the tokens after
-the newest one. With `tree` (e.g. [3, 2, 1]) each head ranks its top-k and the
+No second model and no second KV pool. Each step, the heads run on the final
+hidden state of every logit row, and their outputs join those rows in the
+target's LM-head product (`ModelRunner.logit_extras`): at a few rows one pass
+over the head's weights serves both. Which row's guesses count is known only
+after verification, so the engine then hands the proposer the rows that chose
+each sequence's newest token (`observe`), and the next proposal takes each
+head's top-1 from there: a chain of guesses for the tokens after the newest
+one. When sharing the pass would take as many passes over the head's weights as
+two products (many rows: k >= 2 on the CPU, a large batch), the step keeps only
+the hidden states and the proposal runs the heads and the LM head on them. With `tree` (e.g. [3, 2, 1]) each head ranks its top-k and the
 guesses form a tree the target verifies in the same one forward (spec_decode/tree.py);
 the chain is that tree with width 1. The guesses are deterministic, so verification
 treats q as one-hot and stays exact for sampled requests too (spec_decode/rejection.py).
@@ -27,8 +31,11 @@ from minillm.engine.sequence import Sequence
 from minillm.spec_decode.medusa_heads import MedusaHeads
 from minillm.spec_decode.proposal import Proposal
 from minillm.spec_decode.proposer import Proposer
-from minillm.spec_decode.tree import TreeTemplate
+from minillm.spec_decode.tree import TreeTemplate, chain_parents
 
+# rows a product over the LM head can take for about the cost of one pass over its weights, by device:
+# the CPU few-row kernel's 16-row products cost 2.2 one-row products here (models/skinny_linear.py)
+ROWS_PER_WEIGHT_READ = {"cpu": 8, "cuda": 64}
 # heads shipped with minillm, by the base model they were trained on (the metadata says how)
 SHIPPED_HEADS = {"default": "smollm2-135m-instruct.medusa.safetensors"}
 
@@ -56,15 +63,50 @@ class MedusaProposer(Proposer):
         self.tree = tree or TreeTemplate.from_spec([1] * heads.num_heads)
         self.topk = self.tree.topk_per_head()
         self.hidden: dict[int, tuple[int, torch.Tensor]] = {}  # seq_id -> (its token count then, hidden row)
+        # seq_id -> (its token count then, [head][rank] tokens): guesses ranked in the step's own LM-head pass
+        self.ranked: dict[int, tuple[int, list[list[int]]]] = {}
+        self.depth = len(self.tree.paths[-1])  # heads a proposal reads at most (set_lookahead)
+        self.rows_per_read = ROWS_PER_WEIGHT_READ.get(runner.device.type, 1)
+        self.fused: tuple[int, int] | None = None  # (depth, rows) when the last step ranked the guesses itself
+        if lm_head is None:  # a cut head (draft_vocab) is cheaper on its own
+            runner.logit_extras = self.extra_rows
+
+    def parents(self, n: int) -> list[int] | None:
+        """The first n nodes' parents; None where they form a chain, which verifies as one: causal rows that
+        the CPU's paged-decode kernel takes as decode rows (a tree needs a mask, and the masked path)."""
+        parents = self.tree.parents(n)
+        return None if parents == chain_parents(n) else parents
+
+    def set_lookahead(self, num_slots: int) -> None:
+        self.depth = len(self.tree.paths[min(num_slots, self.tree.num_nodes) - 1])
+
+    def extra_rows(self, h: torch.Tensor) -> torch.Tensor | None:
+        """The heads' outputs for every logit row, to share the step's LM-head pass, when that takes fewer
+        passes over the head's weights than two products would: which row's guesses the next step needs
+        is known only after verification, so every row gets them (Medusa's paper does the same)."""
+        rows = h.shape[0]
+        reads = lambda n: -(-n // self.rows_per_read)  # noqa: E731  weight passes a product over n rows costs
+        self.fused = None
+        if reads(rows * (1 + self.depth)) >= reads(rows) + reads(self.depth):
+            return None
+        self.fused = (self.depth, rows)
+        return self.heads(h.to(self.heads.heads[0].linear.weight.dtype), self.depth).reshape(self.depth * rows, -1)
 
     def observe(self, batch, step, chosen, hidden: torch.Tensor | None) -> None:
         if hidden is None:
             return
+        ranked = None
+        extra = self.runner.last_extra_logits
+        if self.fused is not None and extra is not None:
+            depth, rows = self.fused
+            width = max(self.topk[:depth])
+            top = extra.argmax(-1, keepdim=True) if width == 1 else extra.topk(width, dim=-1).indices
+            ranked = top.reshape(depth, rows, width).permute(1, 0, 2).tolist()  # [row][head][rank]
         for i, (c, picked) in enumerate(zip(batch.chunks, chosen)):
             if picked is None:
                 continue
             if c.seq.is_finished:
-                self.hidden.pop(c.seq.seq_id, None)
+                self.release([c.seq])
                 continue
             first, _ = step.chunk_logits[i]
             # the row that scored the newest token: after the accepted drafts (a tree's: its last path node)
@@ -72,10 +114,15 @@ class MedusaProposer(Proposer):
             if picked.accepted_nodes is not None:
                 row = 1 + picked.accepted_nodes[-1] if picked.accepted_nodes else 0
             self.hidden[c.seq.seq_id] = (c.seq.num_tokens, hidden[first + row].clone())
+            if ranked is not None:
+                self.ranked[c.seq.seq_id] = (c.seq.num_tokens, ranked[first + row])
+            else:
+                self.ranked.pop(c.seq.seq_id, None)
 
     def release(self, seqs: list[Sequence]) -> None:
         for s in seqs:
             self.hidden.pop(s.seq_id, None)
+            self.ranked.pop(s.seq_id, None)
 
     @torch.inference_mode()
     def propose_tokens(self, wants: list[tuple[Sequence, int]]) -> list[Proposal]:
@@ -83,9 +130,17 @@ class MedusaProposer(Proposer):
         ready = [i for i, (s, _) in enumerate(wants) if self.hidden.get(s.seq_id, (-1,))[0] == s.num_tokens]
         if not ready:
             return out  # e.g. a sequence recomputed after preemption: its next step brings a fresh hidden
-        h = torch.stack([self.hidden[wants[i][0].seq_id][1] for i in ready])
         sizes = {i: min(wants[i][1], self.tree.num_nodes) for i in ready}  # a short budget takes a prefix
         depth = max(len(self.tree.paths[n - 1]) for n in sizes.values())  # nodes are listed by depth
+        for i in list(ready):  # guesses the verify step already ranked (extra_rows): no LM-head pass
+            s = wants[i][0]
+            have = self.ranked.get(s.seq_id)
+            if have is not None and have[0] == s.num_tokens and len(have[1]) >= len(self.tree.paths[sizes[i] - 1]):
+                out[i] = Proposal(self.tree.tokens(have[1], sizes[i]), None, self.parents(sizes[i]))
+                ready.remove(i)
+        if not ready:
+            return out
+        h = torch.stack([self.hidden[wants[i][0].seq_id][1] for i in ready])
         x = self.heads(h, depth)  # [depth, rows, hidden]: only the heads the proposal reads
         x = x.reshape(depth * len(ready), -1)
         logits = self.runner.model.compute_logits(x) if self.lm_head is None else self.lm_head(x).float()
@@ -97,5 +152,5 @@ class MedusaProposer(Proposer):
         ranked = ranked.reshape(depth, len(ready), width).permute(1, 0, 2).tolist()  # [rows][head][rank]
         for j, i in enumerate(ready):
             n = sizes[i]
-            out[i] = Proposal(self.tree.tokens(ranked[j], n), None, self.tree.parents(n))
+            out[i] = Proposal(self.tree.tokens(ranked[j], n), None, self.parents(n))
         return out

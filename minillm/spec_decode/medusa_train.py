@@ -2,10 +2,11 @@
 
     minillm train-medusa --out heads.safetensors            # the default model, a few minutes on 2 cores
 
-1. Prompts: passages of Python's reference manual (`pydoc_data.topics`, the
-   "calib" half, never what `minillm eval ppl` scores) in chat questions,
-   short questions about its topics' names, and raw code-completion heads (a
-   function signature and docstring; none of the functions the benchmarks score).
+1. Prompts (spec_decode/medusa_prompts.py): passages of Python's reference
+   manual (`pydoc_data.topics`, the "calib" half, never what `minillm eval ppl`
+   scores) in chat questions, short questions about its topics' names, everyday
+   chat questions, and raw code-completion heads (a function signature and
+   docstring); none is a prompt or a subject the benchmarks score.
 2. The base model answers them greedily through the engine (batched), so the
    heads learn the distribution they will be asked to guess at temperature 0.
 3. One prefill per sequence gives the final hidden state h_t of every position.
@@ -29,37 +30,7 @@ from torch import nn
 
 from minillm.spec_decode.medusa import embedding_fingerprint
 from minillm.spec_decode.medusa_heads import MedusaHeads
-
-# disjoint from the prompts `minillm bench spec` and notebook 09 measure on (no function trained on is scored)
-CODE_HEADS = (
-    ("linear_search(items, target)", "Return the first index of target in items, or -1."),
-    ("char_histogram(text)", "Return a dict mapping each character of text to its count."),
-    ("is_perfect_square(n)", "Return True if n is the square of an integer."),
-    ("flatten(nested)", "Flatten a list of lists into one list."),
-    ("fibonacci(n)", "Return the n-th Fibonacci number."),
-    ("merge_sorted(a, b)", "Merge two sorted lists into one sorted list."),
-    ("reverse_words(sentence)", "Return the sentence with its words in reverse order."),
-    ("mean_and_std(values)", "Return the mean and the standard deviation of values."),
-    ("read_csv_rows(path)", "Read a CSV file and return its rows as lists of strings."),
-    ("gcd(a, b)", "Return the greatest common divisor of a and b."),
-    ("chunks(items, size)", "Split items into consecutive lists of at most size elements."),
-    ("count_vowels(text)", "Return how many vowels text contains."),
-    ("transpose(matrix)", "Return the transpose of a matrix given as a list of rows."),
-    ("unique_in_order(items)", "Return the items without duplicates, keeping the first occurrence."),
-    ("celsius_to_fahrenheit(c)", "Convert a temperature from Celsius to Fahrenheit."),
-    ("is_palindrome(text)", "Return True if text reads the same backwards, ignoring case and spaces."),
-)
-QUESTIONS = (
-    "Explain this part of the Python reference in plain words:\n\n{}",
-    "Summarize the following passage from the Python manual in a few sentences:\n\n{}",
-    "What does this section of the Python documentation say? Give an example.\n\n{}",
-)
-# short open questions about the manual's topics (their names), for answers in everyday prose
-TOPIC_QUESTIONS = (
-    "What is {} in Python, and when would I use it?",
-    "Explain {} to a beginner in a few sentences.",
-    "Why does Python have {}? Answer briefly.",
-)
+from minillm.spec_decode.medusa_prompts import training_prompts
 
 
 @dataclass
@@ -67,6 +38,7 @@ class MedusaTrainConfig:
     num_heads: int = 3
     num_chat_prompts: int = 96  # pydoc passages asked about
     num_topic_questions: int = 64  # short questions about pydoc topic names
+    num_general_questions: int = 124  # everyday chat questions (medusa_prompts.GENERAL_QUESTIONS; 124 in all)
     passage_chars: int = 360
     max_new_tokens: int = 96
     epochs: int = 2
@@ -92,35 +64,6 @@ class MedusaTrainReport:
     holdout_top1: list[float] = field(default_factory=list)  # per head
     holdout_chain_acceptance: list[float] = field(default_factory=list)  # P(heads 1..i all right)
     holdout_untrained_top1: list[float] = field(default_factory=list)  # zero-init heads: the LM head's t+1 guess
-
-
-def training_prompts(tokenizer, cfg: MedusaTrainConfig) -> list[list[int]]:
-    """Chat questions about pydoc passages (calib split) and raw code-completion heads."""
-    from pydoc_data.topics import topics
-
-    names = sorted(topics)
-    names = names[len(names) // 2:]  # the calib half: never the text perplexity is scored on
-    rng = random.Random(cfg.seed)
-    out = []
-    for i in range(cfg.num_chat_prompts):
-        text = topics[names[i % len(names)]].strip()
-        start = rng.randrange(max(1, len(text) - cfg.passage_chars))
-        passage = text[start : start + cfg.passage_chars]
-        q = QUESTIONS[i % len(QUESTIONS)].format(passage)
-        if getattr(tokenizer, "chat_template", None):
-            q = tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                              add_generation_prompt=True)
-        out.append(tokenizer.encode(q, add_special_tokens=False))
-    for i in range(cfg.num_topic_questions):
-        topic = names[rng.randrange(len(names))].replace("-", " ")
-        q = TOPIC_QUESTIONS[i % len(TOPIC_QUESTIONS)].format(topic)
-        if getattr(tokenizer, "chat_template", None):
-            q = tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                              add_generation_prompt=True)
-        out.append(tokenizer.encode(q, add_special_tokens=False))
-    for sig, doc in CODE_HEADS:
-        out.append(tokenizer.encode(f'def {sig}:\n    """{doc}"""\n', add_special_tokens=False))
-    return out
 
 
 def generate(model, tokenizer, eos_ids, prompts: list[list[int]], max_new_tokens: int) -> list[tuple[list[int], int]]:
@@ -194,7 +137,9 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
     torch.manual_seed(cfg.seed)
     report = MedusaTrainReport(asdict(cfg))
     t0 = time.perf_counter()
-    seqs = generate(model, tokenizer, eos_ids, training_prompts(tokenizer, cfg), cfg.max_new_tokens)
+    prompts = training_prompts(tokenizer, cfg.num_chat_prompts, cfg.num_topic_questions, cfg.num_general_questions,
+                               cfg.passage_chars, cfg.seed)
+    seqs = generate(model, tokenizer, eos_ids, prompts, cfg.max_new_tokens)
     report.generate_s = time.perf_counter() - t0
     report.num_sequences = len(seqs)
     report.num_generated_tokens = sum(len(ids) - p for ids, p in seqs)

@@ -33,6 +33,9 @@ class Proposer(ABC):
     def observe(self, batch, step, chosen, hidden) -> None:
         """After a step: the final hidden states of the logit rows (Medusa's heads read them)."""
 
+    def set_lookahead(self, num_slots: int) -> None:
+        """The most tokens a proposal may hold from now on (the engine's k; a tree's node count)."""
+
     def trace_record(self):
         """The proposer's own state for the step trace (a separate draft's pool), or None."""
         return None
@@ -80,7 +83,9 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
 
             vocab = target.config.vocab_size
             head = restricted_head(target.lm_head, kept_tokens(tokenizer, vocab, cfg.draft_vocab), vocab)
-        return MedusaProposer(runner, heads, cfg.tree_template, head)
+        proposer = MedusaProposer(runner, heads, cfg.tree_template, head)
+        proposer.set_lookahead(cfg.num_lookahead_slots)
+        return proposer
     if not cfg.builds_from_target:
         from minillm.spec_decode.draft_model import DraftModelProposer
         from minillm.spec_decode.draft_loading import load_draft
