@@ -169,8 +169,8 @@ def test_training_teaches_the_heads_the_default_models_own_continuations(default
     # must beat an untrained head's (which repeats the LM head's guess for t + 1), and training
     # loss must fall. (A random tiny model's text has no structure to learn.)
     m = default_model
-    cfg = MedusaTrainConfig(num_heads=2, num_chat_prompts=16, max_new_tokens=40, epochs=3, batch_positions=48,
-                            lr=3e-3, holdout=0.2)
+    cfg = MedusaTrainConfig(num_heads=2, num_chat_prompts=16, num_general_questions=24, max_new_tokens=40, epochs=3,
+                            batch_positions=48, lr=3e-3, holdout=0.2)
     heads, report = train_heads(m.model, m.tokenizer, m.eos_token_ids, cfg, log=lambda s: None)
     assert report.num_train_positions > 400 and report.steps > 20
     first, last = report.loss_curve[0][1], report.loss_curve[-1][1]
