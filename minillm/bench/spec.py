@@ -220,8 +220,11 @@ def measure_batch1(engines: dict[str, LLMEngine], workload: SpecWorkload, prompt
     cfgs = configs(list(engines), ks)
     stats = {c: RunStats() for c in cfgs}
     speeds: dict[tuple[str, int], list[float]] = {c: [] for c in cfgs}
-    for e in engines.values():  # warm-up: allocations, oneDNN primitives, the draft's first call
-        run_batch(e, prompts[:1], 4)
+    for name, k in cfgs:  # warm-up at each k: allocations, oneDNN primitives, a compiled draft's graphs
+        e = engines[name]
+        if k and not Proposer(name).fixed_k:
+            e.set_num_speculative_tokens(k)
+        run_batch(e, prompts[:1], 4 * (k + 1))
     for r in range(repeats):
         for i, p in enumerate(prompts):
             order = cfgs if (r + i) % 2 == 0 else list(reversed(cfgs))
