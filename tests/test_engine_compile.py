@@ -28,3 +28,19 @@ def test_compiled_decode_matches_eager(kv_cache_dtype, capfd):
     # max_autotune benchmarks each GEMM's candidates; issue 16: without printing a table per GEMM
     err = capfd.readouterr().err
     assert "AUTOTUNE" not in err and "Autotune Choices" not in err
+
+
+def test_compiled_engine_keeps_the_lm_head_row_major_for_the_few_row_kernel():
+    # the compiled step reads the body's weights K-major; the embedding and the LM head (which runs outside
+    # the compiled step) keep nn.Linear's layout, tied as before, and the head is a SkinnyLinear
+    import torch
+
+    from minillm.models.skinny_linear import SkinnyLinear
+
+    model = tiny_model(heads=4, kv_heads=2, head_dim=16)  # tied embeddings
+    eager_head = model.lm_head.weight
+    LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=16, compile=True))
+    assert isinstance(model.lm_head, SkinnyLinear) and model.lm_head.weight.is_contiguous()
+    assert model.lm_head.weight is model.embed_tokens.weight is eager_head
+    body = [m for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    assert body and all(m.weight.t().is_contiguous() and not m.weight.is_contiguous() for m in body)

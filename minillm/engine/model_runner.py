@@ -58,6 +58,7 @@ class ModelRunner(Executor):
                 # the measured layout of the compiled decode step (see the method); bf16 gains
                 # nothing at batch 1 and loses ~10% at batch 8, so it keeps nn.Linear's layout
                 model.use_k_major_weights()
+                use_skinny_linears(model.lm_head)  # it runs outside the compiled step (compute_logits)
             else:
                 # eager: few-row products as W @ x.T (models/skinny_linear.py): faster decode, and
                 # verify steps and small batches stop costing a decode step per row

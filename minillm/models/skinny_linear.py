@@ -23,9 +23,10 @@ through MKL: 19.2 / 17.8 / 27.6 / 41.8 ms); 16 / 32 rows: 28.8 / 51.0 ms (MKL
 49.1 / 74.7). Where it cannot be built, MKL runs as above.
 
 Values are the same products (each output a dot product over `in`), only the
-kernel differs (and so the order of the float sums). Used in eager mode only: a
-compiled decode step keeps what inductor chooses, and other dtypes and devices
-use F.linear.
+kernel differs (and so the order of the float sums). Used in eager mode, and for
+the LM head of a compiled engine (it runs outside the compiled step): inside a
+compiled decode step inductor's code on K-major weights is faster, and other
+dtypes and devices use F.linear.
 """
 from __future__ import annotations
 
