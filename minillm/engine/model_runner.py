@@ -122,6 +122,7 @@ class ModelRunner(Executor):
                                      self.plan.quantized)
             hidden = forward(torch.tensor(batch.token_ids, device=dev), torch.tensor(batch.positions, device=dev),
                              meta)
+        self.last_extra_logits = None
         if not batch.logit_rows:
             return None
         compute_logits = self.model.compute_logits
@@ -129,7 +130,6 @@ class ModelRunner(Executor):
             compute_logits = self.compiled_logits
         self.last_hidden = hidden[torch.tensor(batch.logit_rows, device=dev)]  # Medusa's heads read them
         extra = self.logit_extras(self.last_hidden) if self.logit_extras is not None else None
-        self.last_extra_logits = None
         if extra is None:
             return compute_logits(self.last_hidden)
         # one pass over the LM head's weights for both: at a few rows the product costs one weight read

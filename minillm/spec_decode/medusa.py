@@ -13,9 +13,11 @@ each sequence's newest token (`observe`), and the next proposal takes each
 head's top-1 from there: a chain of guesses for the tokens after the newest
 one. When sharing the pass would take as many passes over the head's weights as
 two products (many rows: k >= 2 on the CPU, a large batch), the step keeps only
-the hidden states and the proposal runs the heads and the LM head on them. With `tree` (e.g. [3, 2, 1]) each head ranks its top-k and the
-guesses form a tree the target verifies in the same one forward (spec_decode/tree.py);
-the chain is that tree with width 1. The guesses are deterministic, so verification
+the hidden states and the proposal runs the heads and the LM head on them.
+
+With `tree` (e.g. [3, 2, 1]) each head ranks its top-k and the guesses form a
+tree the target verifies in the same one forward (spec_decode/tree.py); the
+chain is that tree with width 1. The guesses are deterministic, so verification
 treats q as one-hot and stays exact for sampled requests too (spec_decode/rejection.py).
 
 Trained by `minillm train-medusa` (spec_decode/medusa_train.py).
@@ -67,7 +69,6 @@ class MedusaProposer(Proposer):
         self.ranked: dict[int, tuple[int, list[list[int]]]] = {}
         self.depth = len(self.tree.paths[-1])  # heads a proposal reads at most (set_lookahead)
         self.rows_per_read = ROWS_PER_WEIGHT_READ.get(runner.device.type, 1)
-        self.fused: tuple[int, int] | None = None  # (depth, rows) when the last step ranked the guesses itself
         if lm_head is None:  # a cut head (draft_vocab) is cheaper on its own
             runner.logit_extras = self.extra_rows
 
@@ -85,23 +86,25 @@ class MedusaProposer(Proposer):
         passes over the head's weights than two products would: which row's guesses the next step needs
         is known only after verification, so every row gets them (Medusa's paper does the same)."""
         rows = h.shape[0]
-        reads = lambda n: -(-n // self.rows_per_read)  # noqa: E731  weight passes a product over n rows costs
-        self.fused = None
-        if reads(rows * (1 + self.depth)) >= reads(rows) + reads(self.depth):
+        if self.weight_passes(rows * (1 + self.depth)) >= self.weight_passes(rows) + self.weight_passes(self.depth):
             return None
-        self.fused = (self.depth, rows)
         return self.heads(h.to(self.heads.heads[0].linear.weight.dtype), self.depth).reshape(self.depth * rows, -1)
+
+    def weight_passes(self, rows: int) -> int:
+        """Passes over the LM head's weights that a product over `rows` rows costs."""
+        return -(-rows // self.rows_per_read)
+
+    def rank(self, logits: torch.Tensor, depth: int, rows: int) -> list[list[list[int]]]:
+        """Head logits [depth * rows, vocab] (head-major) -> [row][head][rank] candidate tokens."""
+        width = max(self.topk[:depth])
+        top = logits.argmax(-1, keepdim=True) if width == 1 else logits.topk(width, dim=-1).indices
+        return top.reshape(depth, rows, width).permute(1, 0, 2).tolist()
 
     def observe(self, batch, step, chosen, hidden: torch.Tensor | None) -> None:
         if hidden is None:
             return
-        ranked = None
-        extra = self.runner.last_extra_logits
-        if self.fused is not None and extra is not None:
-            depth, rows = self.fused
-            width = max(self.topk[:depth])
-            top = extra.argmax(-1, keepdim=True) if width == 1 else extra.topk(width, dim=-1).indices
-            ranked = top.reshape(depth, rows, width).permute(1, 0, 2).tolist()  # [row][head][rank]
+        extra = self.runner.last_extra_logits  # this step's extra_rows through the LM head, or None
+        ranked = None if extra is None else self.rank(extra, extra.shape[0] // hidden.shape[0], hidden.shape[0])
         for i, (c, picked) in enumerate(zip(batch.chunks, chosen)):
             if picked is None:
                 continue
@@ -131,25 +134,23 @@ class MedusaProposer(Proposer):
         if not ready:
             return out  # e.g. a sequence recomputed after preemption: its next step brings a fresh hidden
         sizes = {i: min(wants[i][1], self.tree.num_nodes) for i in ready}  # a short budget takes a prefix
-        depth = max(len(self.tree.paths[n - 1]) for n in sizes.values())  # nodes are listed by depth
-        for i in list(ready):  # guesses the verify step already ranked (extra_rows): no LM-head pass
+        depths = {i: len(self.tree.paths[n - 1]) for i, n in sizes.items()}  # nodes are listed by depth
+        unranked = []
+        for i in ready:  # guesses the verify step already ranked (extra_rows): no LM-head pass
             s = wants[i][0]
             have = self.ranked.get(s.seq_id)
-            if have is not None and have[0] == s.num_tokens and len(have[1]) >= len(self.tree.paths[sizes[i] - 1]):
+            if have is not None and have[0] == s.num_tokens and len(have[1]) >= depths[i]:
                 out[i] = Proposal(self.tree.tokens(have[1], sizes[i]), None, self.parents(sizes[i]))
-                ready.remove(i)
-        if not ready:
+            else:
+                unranked.append(i)
+        if not unranked:
             return out
+        ready, depth = unranked, max(depths[i] for i in unranked)
         h = torch.stack([self.hidden[wants[i][0].seq_id][1] for i in ready])
         x = self.heads(h, depth)  # [depth, rows, hidden]: only the heads the proposal reads
         x = x.reshape(depth * len(ready), -1)
         logits = self.runner.model.compute_logits(x) if self.lm_head is None else self.lm_head(x).float()
-        width = max(self.topk[:depth])
-        if width == 1:
-            ranked = logits.argmax(-1, keepdim=True)
-        else:
-            ranked = logits.topk(width, dim=-1).indices
-        ranked = ranked.reshape(depth, len(ready), width).permute(1, 0, 2).tolist()  # [rows][head][rank]
+        ranked = self.rank(logits, depth, len(ready))
         for j, i in enumerate(ready):
             n = sizes[i]
             out[i] = Proposal(self.tree.tokens(ranked[j], n), None, self.parents(n))
