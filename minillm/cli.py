@@ -281,7 +281,7 @@ def cmd_train_medusa(a: argparse.Namespace) -> int:
     from minillm.loader import load_model
     from minillm.spec_decode.medusa_train import MedusaTrainConfig, train_heads
 
-    cfg = MedusaTrainConfig(num_heads=a.num_heads, num_chat_prompts=a.num_prompts,
+    cfg = MedusaTrainConfig(kind=a.kind, num_heads=a.num_heads, num_chat_prompts=a.num_prompts,
                             num_topic_questions=a.num_topic_questions,
                             num_general_questions=a.num_general_questions, max_new_tokens=a.max_new_tokens,
                             epochs=a.epochs, lr=a.lr, seed=a.seed, max_train_seconds=a.max_train_seconds)
@@ -343,10 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--json", action="store_true", help="print the list as JSON")
     m.add_argument("--assemble", metavar="NAME", default=None, help="assemble and verify NAME's GGUF now; print its path")
     m.set_defaults(fn=cmd_models)
-    t = sub.add_parser("train-medusa", help="train Medusa-1 heads on a frozen model from its own answers "
+    t = sub.add_parser("train-medusa", help="train Medusa-1 (or Hydra) heads on a frozen model from its own answers "
                                             "(pydoc passages, everyday questions and code heads); writes a safetensors file")
     t.add_argument("--model", default=None, help="the base model (default: SmolLM2-135M-Instruct)")
     t.add_argument("--out", required=True, help="where to write the heads (.safetensors)")
+    t.add_argument("--kind", choices=("medusa", "hydra"), default="medusa",
+                   help="medusa: heads on the hidden state alone; hydra: heads that also read the tokens "
+                        "guessed before them (spec_decode/hydra_heads.py)")
     t.add_argument("--num-heads", type=int, default=3)
     t.add_argument("--num-prompts", type=int, default=96, help="pydoc passages asked about (code heads come on top)")
     t.add_argument("--num-topic-questions", type=int, default=64, help="short questions about pydoc topic names")

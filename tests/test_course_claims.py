@@ -8,7 +8,7 @@ from minillm.bench.course_claims import (check_attention_roofline, check_batchin
                                          check_chat_reuse, check_chunked_prefill, check_continuous_claim,
                                          check_decode_intensity, check_draft_pair, check_kv_heads_capacity,
                                          check_kv_heads_decode,
-                                         check_length_aware_tail, check_medusa_heads, check_moe_compute,
+                                         check_hydra_heads, check_length_aware_tail, check_medusa_heads, check_moe_compute,
                                          check_paging_claim, check_prefix_reuse, check_prefix_ttft, check_roofline_claim,
                                          check_router_imbalance, check_same_tokens, check_serving_tradeoff,
                                          check_speculation_batch, check_speculation_emits, check_tp_allreduce, check_tp_kv_split, check_tp_links,
@@ -373,3 +373,15 @@ def test_medusa_heads():
         check_medusa_heads(heads1, untrained, 1.38, speedups)
     with pytest.raises(AssertionError):  # what this machine measured at k = 1 while the plain steps were slowed
         check_medusa_heads(heads1, untrained, cost, speedups + [(4.26, 1.26)])
+
+
+def test_hydra_heads():
+    # notebook 09 on this machine (2026-12-05): Hydra's head 1 accepted 0.27 on Python questions and 0.23 in
+    # general chat where Medusa's accepted 0.19 and 0.13; (measured, predicted) speed-ups at k = 1, 2
+    hydra, medusa = {"Python questions": 0.27, "general chat": 0.23}, {"Python questions": 0.19, "general chat": 0.13}
+    speedups = [(1.22, 1.23), (1.27, 1.29), (1.17, 1.17), (1.25, 1.26)]
+    check_hydra_heads(hydra, medusa, speedups)
+    with pytest.raises(AssertionError, match="Python questions"):  # reading token t+1 bought nothing there
+        check_hydra_heads({**hydra, "Python questions": 0.21}, medusa, speedups)
+    with pytest.raises(AssertionError, match="cost model"):  # a speed-up the measured costs do not explain
+        check_hydra_heads(hydra, medusa, speedups + [(1.9, 1.25)])

@@ -63,6 +63,20 @@ def test_a_draft_model_proposer_can_cut_its_vocabulary():
         "method": "draft", "model": "qwen2.5-coder-0.5b", "num_tokens": 1, "compile": True}
 
 
+def test_hydra_proposers_parse_like_medusas():
+    from minillm.bench.spec import Proposer
+
+    assert Proposer("hydra").speculative == {"method": "hydra", "heads": None, "num_tokens": 1}
+    assert Proposer("hydra@8192").speculative == {"method": "hydra", "heads": None, "num_tokens": 1, "draft_vocab": 8192}
+    assert Proposer("hydra:/h/x.safetensors").speculative["heads"] == "/h/x.safetensors"
+    assert Proposer("hydra-tree:2x1").speculative == {"method": "hydra", "tree": [2, 1]}
+    assert Proposer("hydra-tree:2x1@4096").speculative == {"method": "hydra", "tree": [2, 1], "draft_vocab": 4096}
+    assert Proposer("medusa-tree:3x2").speculative == {"method": "medusa", "tree": [3, 2]}
+    assert Proposer("hydra-tree:2x1").fixed_k == 2
+    assert all(Proposer(n).is_medusa for n in ("hydra", "hydra@8192", "hydra-tree:2x1", "medusa"))
+    assert not Proposer("draft:x").is_medusa
+
+
 def test_medusa_on_chat_has_its_own_target_from_its_best_chat_cell():
     from minillm.bench.stats import figure
 

@@ -42,6 +42,9 @@ SPECS = {
     "medusa": {"method": "medusa", "num_tokens": 3},  # the heads shipped for the default model
     # a tree of their top-k candidates (spec_decode/tree.py): paths off the first branch get accepted
     "medusa_tree": {"method": "medusa", "tree": [[0], [1], [2], [3], [0, 0], [0, 1], [1, 0], [0, 0, 0]]},
+    # Hydra's shipped heads (they read the guesses before them), a chain ranked on a cut LM head, and a tree
+    "hydra_vocab": {"method": "hydra", "num_tokens": 2, "draft_vocab": 8192},
+    "hydra_tree": {"method": "hydra", "tree": [3, 2]},
 }
 
 
@@ -56,7 +59,7 @@ def test_greedy_speculation_equals_greedy(default_model, reference, name):
     for r in records:
         assert 0 <= r.num_accepted <= r.num_proposed == len(r.draft_token_ids)
         assert 1 <= r.num_emitted <= r.num_accepted + 1
-        if r.draft_parents and name == "medusa_tree":  # a tree: the bonus comes at a leaf
+        if r.draft_parents and name.endswith("_tree"):  # a tree: the bonus comes at a leaf
             assert r.bonus == (r.num_accepted > 0 and r.accepted_nodes[-1] not in r.draft_parents)
             assert len(r.accepted_nodes) == r.num_accepted
         else:

@@ -131,7 +131,7 @@ def test_tree_config_errors():
     for spec, match in [({"method": "medusa", "heads": heads, "tree": [2, 2, 2]}, "exceeds the 2 Medusa heads"),
                         ({"method": "medusa", "heads": heads, "tree": [[1, 1]]}, "no parent"),
                         ({"method": "medusa", "heads": heads, "tree": [9, 9]}, "at most 64"),
-                        ({"method": "ngram", "tree": [2]}, "tree applies to method 'medusa'")]:
+                        ({"method": "ngram", "tree": [2]}, "tree applies to methods")]:
         with pytest.raises(ValueError, match=match):
             LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, speculative=spec))
 
@@ -164,18 +164,20 @@ def test_heads_file_round_trip_and_errors(tmp_path):
 
 @pytest.mark.default_model
 @pytest.mark.slow
-def test_training_teaches_the_heads_the_default_models_own_continuations(default_model):
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+def test_training_teaches_the_heads_the_default_models_own_continuations(default_model, kind):
     # a short run of the real recipe (its own greedy answers, frozen base): head 1's held-out top-1
     # must beat an untrained head's (which repeats the LM head's guess for t + 1), and training
     # loss must fall. (A random tiny model's text has no structure to learn.)
     m = default_model
-    cfg = MedusaTrainConfig(num_heads=2, num_chat_prompts=16, num_general_questions=24, max_new_tokens=40, epochs=3,
+    cfg = MedusaTrainConfig(kind=kind, num_heads=2, num_chat_prompts=16, num_general_questions=24, max_new_tokens=40, epochs=3,
                             batch_positions=48, lr=3e-3, holdout=0.2)
     heads, report = train_heads(m.model, m.tokenizer, m.eos_token_ids, cfg, log=lambda s: None)
     assert report.num_train_positions > 400 and report.steps > 20
     first, last = report.loss_curve[0][1], report.loss_curve[-1][1]
     assert last < 0.8 * first, report.loss_curve
     assert heads.metadata["base_fingerprint"] == embedding_fingerprint(m.model)
+    assert heads.kind == kind
     top1, untrained = report.holdout_top1, report.holdout_untrained_top1
     assert top1[0] > untrained[0] + 0.1, (top1, untrained)
     assert report.holdout_chain_acceptance[1] <= report.holdout_chain_acceptance[0] <= top1[0]

@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma list: none (always first), ngram, int4, int8, self:N (first N layers), "
                           "draft:MODEL (a separate draft model with the target's tokenizer; draft:MODEL@N: its LM "
                           "head cut to the N most frequent tokens), medusa (the default model's "
-                          "shipped heads), medusa:FILE or medusa-tree:3x2x1 (their top-k per head as a tree; k is its depth)")
+                          "shipped heads), medusa:FILE or medusa-tree:3x2x1 (their top-k per head as a tree; k is its depth), "
+                          "hydra, hydra:FILE, hydra-tree:2x1 (Hydra heads, which also read the earlier guesses)")
     spc.add_argument("--ks", type=int, nargs="+", default=list(range(1, 9)), help="draft lengths k to sweep")
     spc.add_argument("--workloads", nargs="+", choices=["chat", "repeat", "code"], default=["chat", "repeat", "code"])
     spc.add_argument("--quantization", default=None, help="the target's (and by default a draft model's) "

@@ -477,3 +477,19 @@ def check_medusa_heads(head1_by_domain: dict[str, float], untrained_head1: float
     for measured, predicted in speedups:
         assert abs(measured / predicted - 1) < tolerance, (
             f"Medusa measured x{measured:.2f} vs the cost model's x{predicted:.2f}: off by more than {tolerance:.0%}")
+
+
+def check_hydra_heads(hydra_head1: dict[str, float], medusa_head1: dict[str, float],
+                      speedups: list[tuple[float, float]], min_lift: float = 0.05, tolerance: float = 0.3) -> None:
+    """Notebook 09's Hydra heads (Ankner et al., 2024: Medusa heads that also read the tokens guessed
+    before them): on the same prompts, head 1 (the t+2 guess, which now knows token t+1) is accepted
+    more than `min_lift` more often than Medusa's head 1 in each kind of text, and the cost model
+    (1 + sum of the chain acceptances) x decode step / verify step predicts each measured speed-up
+    within `tolerance`. speedups: (measured, predicted) per domain and k."""
+    for domain, head1 in hydra_head1.items():
+        assert head1 > medusa_head1[domain] + min_lift, (
+            f"Hydra's head 1 accepted {head1:.2f} on {domain}, not > Medusa's {medusa_head1[domain]:.2f} + {min_lift}: "
+            f"reading token t+1 did not help there")
+    for measured, predicted in speedups:
+        assert abs(measured / predicted - 1) < tolerance, (
+            f"Hydra measured x{measured:.2f} vs the cost model's x{predicted:.2f}: off by more than {tolerance:.0%}")

@@ -37,7 +37,7 @@ SPEC_BATCH1_SPEEDUP = ("spec_batch1_speedup",
 SPEC_DRAFT_MODEL_CODE = ("spec_draft_model_code_speedup",
                          "batch-1 decode tok/s with / without a separate draft model on code completion (best k)", 1.5)
 SPEC_MEDUSA_CHAT = ("spec_medusa_chat_speedup",
-                    "batch-1 decode tok/s with / without Medusa heads on chat (the best Medusa proposer and k)", 1.3)
+                    "batch-1 decode tok/s with / without Medusa heads on chat (the best Medusa or Hydra proposer and k)", 1.3)
 
 CHAT = (
     "What is the capital of France and why is it famous?",
@@ -100,7 +100,9 @@ class Proposer:
     a +compile suffix on either (draft:MODEL@N+compile: the draft's decode forwards compiled, the target's not),
     medusa (the default model's shipped heads), medusa:FILE (heads from `minillm train-medusa`), either
     with @N (its guesses ranked on the N most frequent tokens' rows: draft_vocab=N), or
-    medusa-tree:3x2x1 (the shipped heads' top-k per head verified as a tree: widths per depth; k is its depth)."""
+    medusa-tree:3x2x1 (the shipped heads' top-k per head verified as a tree: widths per depth; k is its depth);
+    hydra, hydra:FILE, hydra-tree:2x1, with @N as Medusa's: Hydra heads (spec_decode/hydra.py), which also read
+    the tokens guessed before them."""
 
     name: str
 
@@ -115,9 +117,10 @@ class Proposer:
         if self.name.startswith("self:") and self.name[5:].isdigit():
             return {"method": "draft", "model": "self", "num_layers": int(self.name[5:]), "num_tokens": 1}
         name, vocab = _vocab_suffix(self.name)
-        if name == "medusa" or (name.startswith("medusa:") and name[7:].strip()):
-            heads = None if name == "medusa" else name[7:].strip()
-            return {"method": "medusa", "heads": heads, "num_tokens": 1, **vocab}
+        for kind in ("medusa", "hydra"):
+            if name == kind or (name.startswith(kind + ":") and name[len(kind) + 1:].strip()):
+                heads = None if name == kind else name[len(kind) + 1:].strip()
+                return {"method": kind, "heads": heads, "num_tokens": 1, **vocab}
         if self.name.startswith("draft:") and self.name[6:].strip():
             name, extra = self.name[6:].strip(), {}
             if name.endswith("+compile") and name[: -len("+compile")]:
@@ -125,15 +128,15 @@ class Proposer:
             model, vocab = _vocab_suffix(name)
             return {"method": "draft", "model": model, "num_tokens": 1, **vocab, **extra}
         if self.tree_widths is not None:
-            return {"method": "medusa", "tree": self.tree_widths}
+            return {"method": name.partition("-")[0], "tree": self.tree_widths, **vocab}
         raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N, draft:MODEL[@N][+compile], "
-                         f"medusa, medusa:FILE or medusa-tree:WxWx..")
+                         f"medusa, medusa:FILE, medusa-tree:WxWx.. or the same with hydra")
 
     @property
     def tree_widths(self) -> list[int] | None:
-        head, _, widths = self.name.partition(":")
+        head, _, widths = _vocab_suffix(self.name)[0].partition(":")
         parts = widths.split("x")
-        if head != "medusa-tree" or not all(w.isdigit() and int(w) > 0 for w in parts):
+        if head not in ("medusa-tree", "hydra-tree") or not all(w.isdigit() and int(w) > 0 for w in parts):
             return None
         return [int(w) for w in parts]
 
@@ -148,7 +151,8 @@ class Proposer:
 
     @property
     def is_medusa(self) -> bool:
-        return self.name.partition(":")[0].partition("@")[0] in ("medusa", "medusa-tree")
+        """Heads on the target's hidden state: Medusa's, or Hydra's (Medusa heads that read earlier guesses)."""
+        return self.name.partition(":")[0].partition("@")[0] in ("medusa", "medusa-tree", "hydra", "hydra-tree")
 
 
 @dataclass

@@ -118,8 +118,9 @@ def restricted_head(head: nn.Module, token_ids: torch.Tensor, vocab_size: int) -
     if isinstance(head, GGUFLinear):
         sub: nn.Module = head.select_rows(ids)
     elif isinstance(head, nn.Linear):  # or a subclass that keeps its [out, in] weight (SkinnyLinear)
-        sub = nn.Linear(head.in_features, ids.numel(), bias=head.bias is not None,
-                        device=head.weight.device, dtype=head.weight.dtype)
+        # the same class: a SkinnyLinear's few-row kernel reads SmolLM2's 8,192 kept rows in ~0.6 ms, MKL in 1.5
+        sub = type(head)(head.in_features, ids.numel(), bias=head.bias is not None,
+                         device=head.weight.device, dtype=head.weight.dtype)
         with torch.no_grad():
             # a copy, so a tied embedding table stays whole for the input gather
             sub.weight.copy_(head.weight[ids.to(head.weight.device)])

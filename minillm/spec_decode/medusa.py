@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from minillm.engine.sequence import Sequence
+from minillm.models.skinny_linear import SkinnyLinear, use_skinny_linears
 from minillm.spec_decode.medusa_heads import MedusaHeads
 from minillm.spec_decode.proposal import Proposal
 from minillm.spec_decode.proposer import Proposer
@@ -39,11 +40,13 @@ from minillm.spec_decode.tree import TreeTemplate, chain_parents
 # the CPU few-row kernel's 16-row products cost 2.2 one-row products here (models/skinny_linear.py)
 ROWS_PER_WEIGHT_READ = {"cpu": 8, "cuda": 64}
 # heads shipped with minillm, by the base model they were trained on (the metadata says how)
-SHIPPED_HEADS = {"default": "smollm2-135m-instruct.medusa.safetensors"}
+SHIPPED_HEADS = {"medusa": "smollm2-135m-instruct.medusa.safetensors",
+                 "hydra": "smollm2-135m-instruct.hydra.safetensors"}
 
 
-def shipped_heads_path(name: str = "default") -> Path:
-    return Path(str(resources.files("minillm.spec_decode") / "heads" / SHIPPED_HEADS[name]))
+def shipped_heads_path(kind: str = "medusa") -> Path:
+    """The heads of this kind shipped for the default model."""
+    return Path(str(resources.files("minillm.spec_decode") / "heads" / SHIPPED_HEADS[kind]))
 
 
 def embedding_fingerprint(model) -> str:
@@ -61,6 +64,8 @@ class MedusaProposer(Proposer):
         self.lm_head = lm_head
         self.runner = runner
         self.heads = heads.to(device=runner.device, dtype=model.embed_tokens.weight.dtype).eval()
+        if any(isinstance(m, SkinnyLinear) for m in model.modules()):  # the target's few-row products: the heads' too
+            use_skinny_linears(self.heads)
         # no tree: a chain of every head's top-1, of which a step takes its first k nodes
         self.tree = tree or TreeTemplate.from_spec([1] * heads.num_heads)
         self.topk = self.tree.topk_per_head()

@@ -32,12 +32,15 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
+    kind = "medusa"  # the file's "kind" (hydra_heads.py: heads that also read the guessed tokens)
+    block = ResBlock
+
     def __init__(self, hidden_size: int, num_heads: int = 3) -> None:
         super().__init__()
         if num_heads < 1:
             raise ValueError(f"Medusa needs at least one head, got {num_heads}")
         self.hidden_size = hidden_size
-        self.heads = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
+        self.heads = nn.ModuleList(self.block(hidden_size) for _ in range(num_heads))
         self.metadata: dict[str, str] = {}
 
     @property
@@ -54,12 +57,13 @@ class MedusaHeads(nn.Module):
         from safetensors.torch import save_file
 
         meta = {**self.metadata, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}}
-        meta.update(num_heads=str(self.num_heads), hidden_size=str(self.hidden_size))
+        meta.update(num_heads=str(self.num_heads), hidden_size=str(self.hidden_size), kind=self.kind)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, str(path), metadata=meta)
 
     @classmethod
     def load(cls, path: str | Path, hidden_size: int | None = None) -> "MedusaHeads":
+        """Medusa or Hydra heads, as the file's metadata says (files without a kind are Medusa's)."""
         from safetensors import safe_open
 
         p = Path(path)
@@ -74,7 +78,16 @@ class MedusaHeads(nn.Module):
         n, h = int(meta.get("num_heads", 0)), int(meta.get("hidden_size", 0))
         if hidden_size is not None and h != hidden_size:
             raise ValueError(f"{p}: heads for hidden size {h}, the target's is {hidden_size} (another base model)")
-        heads = cls(h, n)
-        heads.load_state_dict(tensors)
+        from minillm.spec_decode.hydra_heads import HydraHeads
+
+        kinds = {"medusa": MedusaHeads, "hydra": HydraHeads}
+        kind = meta.get("kind", "medusa")
+        if kind not in kinds:
+            raise ValueError(f"{p}: heads of kind {kind!r}; this minillm knows {sorted(kinds)}")
+        heads = kinds[kind](h, n)
+        try:
+            heads.load_state_dict(tensors)
+        except RuntimeError as e:
+            raise ValueError(f"{p}: its tensors do not fit {kind} heads ({str(e)[:300]})") from e
         heads.metadata = dict(meta)
         return heads.eval()

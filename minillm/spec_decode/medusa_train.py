@@ -1,6 +1,7 @@
-"""Train Medusa-1 heads on a frozen base model, from text the model itself generates (self-distillation).
+"""Train Medusa-1 (or Hydra) heads on a frozen base model, from text the model itself generates (self-distillation).
 
     minillm train-medusa --out heads.safetensors            # the default model, a few minutes on 2 cores
+    minillm train-medusa --kind hydra --out hydra.safetensors
 
 1. Prompts (spec_decode/medusa_prompts.py): passages of Python's reference
    manual (`pydoc_data.topics`, the "calib" half, never what `minillm eval ppl`
@@ -13,6 +14,8 @@
 4. Head i (1..K) at position t learns the token at t + 1 + i with cross-entropy
    through the frozen LM head; positions inside the prompt are skipped. The
    base model never changes; only the K residual blocks train (AdamW).
+   Hydra heads (hydra_heads.py) also read the tokens before their target,
+   teacher-forced: head i reads the true x_{t+1} .. x_{t+i}.
 
 A tenth of the sequences is held out: each head's top-1 accuracy there is the
 acceptance a chain of guesses can expect, and goes into the file's metadata
@@ -29,12 +32,17 @@ import torch
 from torch import nn
 
 from minillm.spec_decode.medusa import embedding_fingerprint
+from minillm.spec_decode.hydra_heads import HydraHeads
 from minillm.spec_decode.medusa_heads import MedusaHeads
 from minillm.spec_decode.medusa_prompts import training_prompts
 
 
+KINDS = {"medusa": MedusaHeads, "hydra": HydraHeads}
+
+
 @dataclass
 class MedusaTrainConfig:
+    kind: str = "medusa"  # or "hydra": heads that also read the tokens guessed before them
     num_heads: int = 3
     num_chat_prompts: int = 96  # pydoc passages asked about
     num_topic_questions: int = 64  # short questions about pydoc topic names
@@ -98,7 +106,8 @@ def final_hidden(model, ids: list[int]) -> torch.Tensor:
 
 
 def head_targets(seqs: list[tuple[list[int], int]], hiddens: list[torch.Tensor], num_heads: int):
-    """(h_t, [token t+2, ..., t+K+1]) for every generated position with all K targets inside the sequence."""
+    """(h_t, [token t+1, ..., t+K+1]) for every generated position with all K targets inside the sequence:
+    head i's target is column i (x_{t+i+1}); a Hydra head also reads columns 0 .. i-1."""
     hs, ys = [], []
     for (ids, plen), h in zip(seqs, hiddens):
         ids_t = torch.tensor(ids)
@@ -108,25 +117,30 @@ def head_targets(seqs: list[tuple[list[int], int]], hiddens: list[torch.Tensor],
             continue
         t = torch.arange(first, last + 1)
         hs.append(h[t])
-        ys.append(torch.stack([ids_t[t + 1 + i] for i in range(1, num_heads + 1)], dim=1))
+        ys.append(torch.stack([ids_t[t + 1 + i] for i in range(num_heads + 1)], dim=1))
     if not hs:
-        return torch.empty(0), torch.empty(0, num_heads, dtype=torch.long)
+        return torch.empty(0), torch.empty(0, num_heads + 1, dtype=torch.long)
     return torch.cat(hs), torch.cat(ys)
 
 
-def head_logits(model, heads: MedusaHeads, h: torch.Tensor) -> torch.Tensor:
-    """[K, rows, vocab] through the frozen LM head."""
-    x = heads(h)
+def head_logits(model, heads: MedusaHeads, h: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+    """[K, rows, vocab] through the frozen LM head; window [rows, K + 1] from head_targets."""
+    if isinstance(heads, HydraHeads):
+        x = heads(h, model.embed_tokens(window[:, :-1].t()).to(h.dtype))
+    else:
+        x = heads(h)
     return model.lm_head(x.to(model.lm_head.weight.dtype)).float() if isinstance(model.lm_head, nn.Linear) \
         else model.compute_logits(x)
 
 
 def evaluate(model, heads: MedusaHeads, h: torch.Tensor, y: torch.Tensor, batch: int = 512) -> tuple[list[float], list[float]]:
-    """Per head top-1 accuracy, and the chance that heads 1..i are all right (a chain's acceptance)."""
+    """Per head top-1 accuracy, and the chance that heads 1..i are all right (a chain's acceptance; for
+    Hydra heads, teacher-forced is exact here: head i's guess counts only where heads 1..i-1 were right)."""
     right = []
     with torch.no_grad():
         for s in range(0, h.shape[0], batch):
-            right.append(head_logits(model, heads, h[s : s + batch]).argmax(-1).t() == y[s : s + batch])
+            w = y[s : s + batch]
+            right.append(head_logits(model, heads, h[s : s + batch], w).argmax(-1).t() == w[:, 1:])
     if not right:
         return [], []
     r = torch.cat(right).float()  # [rows, K]
@@ -156,7 +170,9 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
     report.num_train_positions = int(h_tr.shape[0])
     log(f"{h_tr.shape[0]} training positions, {h_ho.shape[0]} held out ({report.hidden_s:.0f} s of prefill)")
 
-    heads = MedusaHeads(model.config.hidden_size, cfg.num_heads)
+    if cfg.kind not in KINDS:
+        raise ValueError(f"kind must be one of {sorted(KINDS)}, got {cfg.kind!r}")
+    heads = KINDS[cfg.kind](model.config.hidden_size, cfg.num_heads)
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -168,8 +184,8 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
         perm = torch.randperm(h_tr.shape[0])
         for s in range(0, h_tr.shape[0], cfg.batch_positions):
             idx = perm[s : s + cfg.batch_positions]
-            logits = head_logits(model, heads, h_tr[idx])  # [K, b, V]
-            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_tr[idx].t().reshape(-1))
+            logits = head_logits(model, heads, h_tr[idx], y_tr[idx])  # [K, b, V]
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_tr[idx, 1:].t().reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -189,7 +205,8 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
     report.train_s = time.perf_counter() - t0
     heads.eval()
     report.holdout_top1, report.holdout_chain_acceptance = evaluate(model, heads, h_ho, y_ho)
-    report.holdout_untrained_top1, _ = evaluate(model, MedusaHeads(model.config.hidden_size, cfg.num_heads), h_ho, y_ho)
+    report.holdout_untrained_top1, _ = evaluate(model, KINDS[cfg.kind](model.config.hidden_size, cfg.num_heads),
+                                                h_ho, y_ho)
     log("held-out top-1 per head: " + ", ".join(f"{a:.2f}" for a in report.holdout_top1)
         + "; chain: " + ", ".join(f"{a:.2f}" for a in report.holdout_chain_acceptance))
     heads.metadata = {"base_fingerprint": embedding_fingerprint(model), "report": json.dumps(asdict(report))}

@@ -55,35 +55,40 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
         from minillm.spec_decode.ngram import NgramProposer
 
         return NgramProposer(cfg.ngram_max, cfg.ngram_min)
-    if cfg.method == "medusa":
+    if cfg.method in ("medusa", "hydra"):
         from minillm.engine.model_runner import ModelRunner
+        from minillm.spec_decode.hydra import HydraProposer
         from minillm.spec_decode.medusa import MedusaProposer, embedding_fingerprint, shipped_heads_path
         from minillm.spec_decode.medusa_heads import MedusaHeads
 
         if not isinstance(runner, ModelRunner):
-            raise ValueError("speculative method 'medusa' reads the target's hidden states and moves its K/V, "
+            raise ValueError(f"speculative method {cfg.method!r} reads the target's hidden states and moves its K/V, "
                              "which one process does; run it without tensor or pipeline parallelism")
         target = runner.model
         if cfg.heads is None or isinstance(cfg.heads, str):
-            path = shipped_heads_path() if cfg.heads is None else cfg.heads
+            path = shipped_heads_path(cfg.method) if cfg.heads is None else cfg.heads
             heads = MedusaHeads.load(path, target.config.hidden_size)
             trained_on = heads.metadata.get("base_fingerprint")
             if trained_on is not None and trained_on != embedding_fingerprint(target):
-                raise ValueError(f"Medusa heads {path} were trained on another base model "
+                raise ValueError(f"{heads.kind} heads {path} were trained on another base model "
                                  f"({heads.metadata.get('base_model', trained_on)}); train heads for this one "
-                                 f"with `minillm train-medusa`")
+                                 f"with `minillm train-medusa --kind {cfg.method}`")
         else:
             heads = cfg.heads
+        if not isinstance(heads, MedusaHeads) or heads.kind != cfg.method:
+            raise ValueError(f"speculative method {cfg.method!r} needs {cfg.method} heads, got "
+                             f"{getattr(heads, 'kind', type(heads).__name__)} heads")
         if cfg.num_tokens > heads.num_heads:
             raise ValueError(f"invalid speculative config: num_tokens ({cfg.num_tokens}) exceeds the "
-                             f"{heads.num_heads} Medusa heads")
+                             f"{heads.num_heads} {heads.kind.capitalize()} heads")
         head = None
         if cfg.draft_vocab is not None:
             from minillm.spec_decode.draft_vocab import kept_tokens, restricted_head
 
             vocab = target.config.vocab_size
             head = restricted_head(target.lm_head, kept_tokens(tokenizer, vocab, cfg.draft_vocab), vocab)
-        proposer = MedusaProposer(runner, heads, cfg.tree_template, head)
+        kind = HydraProposer if cfg.method == "hydra" else MedusaProposer
+        proposer = kind(runner, heads, cfg.tree_template, head)
         proposer.set_lookahead(cfg.num_lookahead_slots)
         return proposer
     if not cfg.builds_from_target:

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-METHODS = ("ngram", "draft", "medusa")
+METHODS = ("ngram", "draft", "medusa", "hydra")
+HEAD_METHODS = ("medusa", "hydra")  # trained heads on the target's own hidden state
 DRAFT_MODELS = ("int4", "int8", "self")
 MAX_NUM_TOKENS = 16
 MAX_TREE_NODES = 64
@@ -14,7 +15,9 @@ MAX_TREE_NODES = 64
 
 @dataclass
 class SpeculativeConfig:
-    """method: "ngram" (prompt lookup) or "draft" (a cheaper model proposes).
+    """method: "ngram" (prompt lookup), "draft" (a cheaper model proposes), "medusa" (heads on the
+      target's hidden state, spec_decode/medusa.py) or "hydra" (heads that also read the tokens
+      guessed before them, spec_decode/hydra.py).
 
     num_tokens (k): tokens proposed per step and sequence; the verify step scores k + 1.
     ngram_max / ngram_min: longest / shortest suffix n-gram searched for in the sequence.
@@ -29,15 +32,15 @@ class SpeculativeConfig:
     num_kv_blocks (separate draft): its pool's blocks (default: as many as the target's pool).
     draft_vocab (separate draft): its LM head scores only this many most frequent tokens
       (spec_decode/draft_vocab.py; default None: the whole vocabulary). Output is unchanged.
-      (medusa): the heads' guesses are ranked on a copy of those rows of the target's LM head; the
-      target's own logits stay whole.
+      (medusa, hydra): the heads' guesses are ranked on a copy of those rows of the target's LM head;
+      the target's own logits stay whole.
     compile (separate draft): torch.compile the draft's decode forwards (default None: as the engine).
       A verify scores k + 1 rows per sequence, which the compiled decode step does not take, so a
       compiled target gains little there; the draft's k - 1 guesses are single-row decodes, where
       compiling removes the small model's per-op overhead.
-    heads (medusa): a heads file from `minillm train-medusa`, or a MedusaHeads module
-      (default: the heads shipped for the default model); num_tokens <= its number of heads.
-    tree (medusa): verify a tree of candidates instead of a chain of top-1 guesses (spec_decode/tree.py):
+    heads (medusa, hydra): a heads file from `minillm train-medusa [--kind hydra]`, or a MedusaHeads /
+      HydraHeads module (default: the heads shipped for the default model); num_tokens <= its heads.
+    tree (medusa, hydra): verify a tree of candidates instead of a chain of top-1 guesses (spec_decode/tree.py):
       widths per depth ([3, 2, 1]: head 1's top-3, under each head 2's top-2, then head 3's top-1)
       or Medusa-style rank paths ([[0], [1], [0, 0]]). num_tokens becomes the tree's depth;
       each step reserves one KV slot per node.
@@ -88,10 +91,10 @@ class SpeculativeConfig:
             bad(f"method must be one of {METHODS}, got {self.method!r}")
         if not isinstance(self.num_tokens, int) or not (1 <= self.num_tokens <= MAX_NUM_TOKENS):
             bad(f"num_tokens must be an integer in [1, {MAX_NUM_TOKENS}], got {self.num_tokens!r}")
-        if self.draft_vocab is not None and not (self.method == "medusa" or
+        if self.draft_vocab is not None and not (self.method in HEAD_METHODS or
                                                  (self.method == "draft" and not self.builds_from_target)):
             bad("draft_vocab applies to a separate draft model (method 'draft' with a model name, path or module) "
-                "or to Medusa's guesses")
+                "or to Medusa's or Hydra's guesses")
         if self.draft_vocab is not None and (not isinstance(self.draft_vocab, int) or self.draft_vocab < 1):
             bad(f"draft_vocab must be an integer >= 1, got {self.draft_vocab!r}")
         if self.compile is not None and (self.method != "draft" or self.builds_from_target):
@@ -99,8 +102,8 @@ class SpeculativeConfig:
                 "a draft built from the target runs in the target's forward")
         if self.compile is not None and not isinstance(self.compile, bool):
             bad(f"compile must be True, False or None (as the engine), got {self.compile!r}")
-        if self.tree is not None and self.method != "medusa":
-            bad(f"tree applies to method 'medusa' (its heads rank several candidates per position), "
+        if self.tree is not None and self.method not in HEAD_METHODS:
+            bad(f"tree applies to methods {HEAD_METHODS} (their heads rank several candidates per position), "
                 f"not {self.method!r}")
         if self.method == "ngram":
             for name in ("ngram_min", "ngram_max"):
@@ -109,9 +112,10 @@ class SpeculativeConfig:
                     bad(f"{name} must be an integer >= 1, got {v!r}")
             if self.ngram_min > self.ngram_max:
                 bad(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
-        elif self.method == "medusa":
+        elif self.method in HEAD_METHODS:
             if self.heads is not None and not isinstance(self.heads, (str, torch.nn.Module)):
-                bad(f"heads must be a path to a Medusa heads file or a MedusaHeads module, got {type(self.heads).__name__}")
+                bad(f"heads must be a path to a heads file or a MedusaHeads / HydraHeads module, "
+                    f"got {type(self.heads).__name__}")
             if self.tree is not None:
                 try:
                     template = self.tree_template

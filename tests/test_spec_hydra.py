@@ -1,0 +1,108 @@
+"""Hydra heads: Medusa heads that also read the tokens guessed before them (spec_decode/hydra*.py).
+
+Tiny random models (fast): greedy with Hydra guesses (chain and tree) equals plain greedy, with
+preemption; each guess is the one the heads give when run by hand on the kept hidden state and the
+newest token; a tree's children depend on their parent; the file says its kind, and the wrong kind
+is a clear error. Training on the default model is in test_spec_medusa.py; the shipped heads on the
+default model in test_spec_greedy.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minillm.engine.config import EngineConfig
+from minillm.engine.llm_engine import LLMEngine
+from minillm.spec_decode.hydra_heads import HydraHeads
+from minillm.spec_decode.medusa_heads import MedusaHeads
+from tests.helpers.engine_utils import tiny_model
+from tests.test_spec_medusa import VOCAB, generate
+
+
+def random_hydra(model, k=3, seed=0, scale=0.3) -> HydraHeads:
+    heads = HydraHeads(model.config.hidden_size, k)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * scale)
+    return heads
+
+
+@pytest.mark.parametrize("num_blocks", [256, 14])
+@pytest.mark.parametrize("spec", [{"num_tokens": 3}, {"num_tokens": 1}, {"tree": [2, 2, 1]}])
+def test_greedy_with_hydra_guesses_equals_greedy(num_blocks, spec):
+    ref, _ = generate(None)
+    model = tiny_model(seed=1, vocab=VOCAB)
+    for heads in (HydraHeads(model.config.hidden_size, 3), random_hydra(model)):  # untrained, random
+        out, e = generate({"method": "hydra", "heads": heads, **spec}, num_blocks)
+        assert out == ref
+        recs = [r for s in e.trace for r in s.spec]
+        assert sum(r.num_proposed for r in recs) > 0
+        assert e.executor.logit_extras is None  # the heads need the chosen token: no shared LM-head pass
+        assert not e.proposer.hidden  # nothing kept for finished sequences
+        if num_blocks < 256:
+            assert any(s.preemptions for s in e.trace)
+
+
+def test_each_guess_is_the_heads_run_by_hand_on_the_newest_token():
+    """The proposer's chain equals running head 1 on (kept hidden state, newest token), taking the LM head's
+    argmax, then head 2 on (that state, that guess), ...; a Hydra tree's children depend on their parent."""
+    model = tiny_model(seed=1, vocab=VOCAB)
+    heads = random_hydra(model)
+    seen = []
+
+    def record(e):
+        propose = e.proposer.propose_tokens
+
+        def wrapped(wants):
+            out = propose(wants)
+            for (seq, _), prop in zip(wants, out):
+                if prop.token_ids:
+                    seen.append((e.proposer.hidden[seq.seq_id][1].clone(), seq.token_ids[-1], prop))
+            return out
+        e.proposer.propose_tokens = wrapped
+
+    generate({"method": "hydra", "heads": heads, "tree": [2, 2]}, tweak=record)
+    assert seen
+    m = tiny_model(seed=1, vocab=VOCAB)
+    differ = 0
+    with torch.no_grad():
+        for h, newest, prop in seen:
+            z1 = heads.step(0, h[None], m.embed_tokens(torch.tensor([newest])))
+            top1 = m.compute_logits(z1).topk(2, dim=-1).indices[0].tolist()
+            n = len(prop.token_ids)  # a short budget takes a prefix of the tree
+            assert prop.token_ids[:2] == top1[:n]  # paths (0,), (1,)
+            if n < 6:
+                continue
+            under = []
+            for parent in top1:  # paths (p, 0), (p, 1) under each depth-1 guess
+                z2 = heads.step(1, z1, m.embed_tokens(torch.tensor([parent])))
+                under.append(m.compute_logits(z2).topk(2, dim=-1).indices[0].tolist())
+            assert prop.token_ids[2:6] == under[0] + under[1]
+            differ += under[0] != under[1]
+    assert differ > 0  # Medusa's heads would guess the same children under every parent
+
+
+def test_heads_files_say_their_kind_and_the_wrong_kind_is_a_clear_error(tmp_path):
+    model = tiny_model(seed=1, vocab=VOCAB)
+    heads = random_hydra(model, 2)
+    path = tmp_path / "h.safetensors"
+    heads.save(path, base_model="tiny")
+    back = MedusaHeads.load(path, model.config.hidden_size)
+    assert isinstance(back, HydraHeads) and back.metadata["kind"] == "hydra"
+    h, e = torch.randn(5, model.config.hidden_size), torch.randn(2, 5, model.config.hidden_size)
+    torch.testing.assert_close(back(h, e), heads(h, e), rtol=0, atol=0)
+    medusa = MedusaHeads(model.config.hidden_size, 2)
+    for spec, match in [({"method": "hydra", "heads": medusa, "num_tokens": 1}, "needs hydra heads, got medusa"),
+                        ({"method": "medusa", "heads": heads, "num_tokens": 1}, "needs medusa heads, got hydra"),
+                        ({"method": "hydra", "heads": heads, "num_tokens": 3}, "exceeds the 2 Hydra heads")]:
+        with pytest.raises(ValueError, match=match):
+            LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, speculative=spec))
+    # a file whose metadata says hydra but whose tensors are Medusa's: caught at load, not at the first step
+    medusa.save(tmp_path / "m.safetensors")
+    from safetensors.torch import load_file, save_file
+
+    save_file(load_file(str(tmp_path / "m.safetensors")), str(tmp_path / "lie.safetensors"),
+              metadata={"num_heads": "2", "hidden_size": str(model.config.hidden_size), "kind": "hydra"})
+    with pytest.raises(ValueError, match="do not fit hydra heads"):
+        MedusaHeads.load(tmp_path / "lie.safetensors")
