@@ -16,16 +16,11 @@ from minillm.engine.llm_engine import LLMEngine
 from minillm.spec_decode.hydra_heads import HydraHeads
 from minillm.spec_decode.medusa_heads import MedusaHeads
 from tests.helpers.engine_utils import tiny_model
-from tests.test_spec_medusa import VOCAB, generate
+from tests.test_spec_medusa import VOCAB, generate, random_heads
 
 
-def random_hydra(model, k=3, seed=0, scale=0.3) -> HydraHeads:
-    heads = HydraHeads(model.config.hidden_size, k)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * scale)
-    return heads
+def random_hydra(model, k=3) -> HydraHeads:
+    return random_heads(model, k, kind=HydraHeads)
 
 
 @pytest.mark.parametrize("num_blocks", [256, 14])

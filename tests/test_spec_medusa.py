@@ -20,8 +20,8 @@ from tests.helpers.engine_utils import random_prompts, run_to_completion, tiny_m
 VOCAB = 31
 
 
-def random_heads(model, k=3, seed=0, scale=0.3) -> MedusaHeads:
-    heads = MedusaHeads(model.config.hidden_size, k)
+def random_heads(model, k=3, seed=0, scale=0.3, kind=MedusaHeads) -> MedusaHeads:
+    heads = kind(model.config.hidden_size, k)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():

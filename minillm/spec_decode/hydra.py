@@ -37,22 +37,15 @@ class HydraProposer(MedusaProposer):
         top = logits.argmax(-1, keepdim=True) if width == 1 else logits.topk(width, dim=-1).indices
         return top.tolist()
 
-    @torch.inference_mode()
-    def propose_tokens(self, wants: list[tuple[Sequence, int]]) -> list[Proposal]:
-        out = [Proposal([], None) for _ in wants]
-        ready = [i for i, (s, _) in enumerate(wants) if self.hidden.get(s.seq_id, (-1,))[0] == s.num_tokens]
-        if not ready:
-            return out  # e.g. a sequence recomputed after preemption: its next step brings a fresh hidden
-        sizes = {i: min(wants[i][1], self.tree.num_nodes) for i in ready}
+    def guess(self, wants: list[tuple[Sequence, int]], sizes: dict[int, int], out: list[Proposal]) -> None:
+        ready = list(sizes)
         embed = self.runner.model.embed_tokens
         dtype = self.heads.heads[0].linear.weight.dtype
         # per sequence: rank path -> (the state the path's last head produced, the path's token); () is the root
         nodes = {i: {(): (self.hidden[wants[i][0].seq_id][1], wants[i][0].token_ids[-1])} for i in ready}
         for d in range(1, max(len(self.tree.paths[n - 1]) for n in sizes.values()) + 1):
             # the parents whose children at depth d are in some sequence's first n nodes
-            jobs = [(i, p[:-1]) for i in ready for p in dict.fromkeys(q for q in self.tree.paths[:sizes[i]]
-                                                                        if len(q) == d)]
-            jobs = list(dict.fromkeys(jobs))
+            jobs = list(dict.fromkeys((i, p[:-1]) for i in ready for p in self.tree.paths[:sizes[i]] if len(p) == d))
             if not jobs:
                 break
             z = torch.stack([nodes[i][parent][0] for i, parent in jobs]).to(dtype)
@@ -65,4 +58,3 @@ class HydraProposer(MedusaProposer):
         for i in ready:
             n = sizes[i]
             out[i] = Proposal([nodes[i][p][1] for p in self.tree.paths[:n]], None, self.parents(n))
-        return out

@@ -132,13 +132,24 @@ class MedusaProposer(Proposer):
             self.hidden.pop(s.seq_id, None)
             self.ranked.pop(s.seq_id, None)
 
+    def proposal_sizes(self, wants: list[tuple[Sequence, int]]) -> dict[int, int]:
+        """want index -> nodes to propose, for the sequences whose kept hidden state is their newest token's
+        (not e.g. one recomputed after preemption: its next step brings a fresh one); a short budget
+        takes a prefix of the tree."""
+        return {i: min(k, self.tree.num_nodes) for i, (s, k) in enumerate(wants)
+                if self.hidden.get(s.seq_id, (-1,))[0] == s.num_tokens}
+
     @torch.inference_mode()
     def propose_tokens(self, wants: list[tuple[Sequence, int]]) -> list[Proposal]:
         out = [Proposal([], None) for _ in wants]
-        ready = [i for i, (s, _) in enumerate(wants) if self.hidden.get(s.seq_id, (-1,))[0] == s.num_tokens]
-        if not ready:
-            return out  # e.g. a sequence recomputed after preemption: its next step brings a fresh hidden
-        sizes = {i: min(wants[i][1], self.tree.num_nodes) for i in ready}  # a short budget takes a prefix
+        sizes = self.proposal_sizes(wants)
+        if sizes:
+            self.guess(wants, sizes, out)
+        return out
+
+    def guess(self, wants: list[tuple[Sequence, int]], sizes: dict[int, int], out: list[Proposal]) -> None:
+        """out[i] = the proposal of sizes[i] nodes, for every want index i in sizes."""
+        ready = list(sizes)
         depths = {i: len(self.tree.paths[n - 1]) for i, n in sizes.items()}  # nodes are listed by depth
         unranked = []
         for i in ready:  # guesses the verify step already ranked (extra_rows): no LM-head pass
@@ -149,7 +160,7 @@ class MedusaProposer(Proposer):
             else:
                 unranked.append(i)
         if not unranked:
-            return out
+            return
         ready, depth = unranked, max(depths[i] for i in unranked)
         h = torch.stack([self.hidden[wants[i][0].seq_id][1] for i in ready])
         x = self.heads(h, depth)  # [depth, rows, hidden]: only the heads the proposal reads
@@ -159,4 +170,3 @@ class MedusaProposer(Proposer):
         for j, i in enumerate(ready):
             n = sizes[i]
             out[i] = Proposal(self.tree.tokens(ranked[j], n), None, self.parents(n))
-        return out
