@@ -72,6 +72,27 @@ def _cache_root() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "minillm"
 
 
+STALE_LOCK_S = 600.0  # a build takes 10-60 s here; a lock this old belongs to a build that was killed
+
+
+def clear_stale_lock(build_dir: Path, max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove a build lock left by a process killed mid-build: torch's cpp_extension waits on it forever,
+    and every later engine start would hang before its first step. Returns whether one was removed."""
+    import time
+    import warnings
+
+    lock = build_dir / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < max_age_s:
+        return False  # another process may be building right now: wait for it, as cpp_extension does
+    lock.unlink(missing_ok=True)
+    warnings.warn(f"removed a stale build lock ({age:.0f} s old, a killed build?): {lock}", stacklevel=2)
+    return True
+
+
 @functools.cache
 def build_extension(source: Path, prefix: str, label: str, flags: tuple[str, ...]) -> None:
     """Compile one C++ source that registers torch ops (once per source, flags, CPU and torch; cached on disk).
@@ -83,6 +104,7 @@ def build_extension(source: Path, prefix: str, label: str, flags: tuple[str, ...
     name = f"{prefix}_{label}_{key}"
     build_dir = _cache_root() / "kernels" / name
     build_dir.mkdir(parents=True, exist_ok=True)
+    clear_stale_lock(build_dir)
     from torch.utils import cpp_extension
 
     try:

@@ -317,3 +317,21 @@ def test_the_loader_dequantizes_a_real_file_like_gguf_py():
         ours = ours if isinstance(ours, torch.Tensor) else torch.from_numpy(np.asarray(ours))
         assert torch.equal(ours.reshape(theirs.shape), theirs), t.name
     assert checked > 100  # the block tensors went through the kernels
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    # a process killed mid-build leaves cpp_extension's lock behind, and every later build waits on it forever
+    import os
+    import time
+
+    from minillm.kernels.gguf_cpu import clear_stale_lock
+
+    assert not clear_stale_lock(tmp_path)  # no lock: nothing to do
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert not clear_stale_lock(tmp_path) and lock.exists()  # fresh: another process may be building now
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    with pytest.warns(UserWarning, match="stale build lock"):
+        assert clear_stale_lock(tmp_path)
+    assert not lock.exists()
