@@ -198,3 +198,9 @@ def test_training_prompts_stay_off_the_measured_chat_prompts():
     trained_functions = {sig.split("(")[0] for sig, _ in CODE_HEADS}
     for c in COMPLETE:
         assert not any(f"def {f}(" in c for f in trained_functions), c
+
+
+def test_training_rejects_an_unknown_kind_before_generating():
+    # the check comes before minutes of generation (no tokenizer is needed to fail)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        train_heads(tiny_model(seed=1, vocab=VOCAB), None, [], MedusaTrainConfig(kind="eagle"))

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from minillm.spec_decode.medusa import embedding_fingerprint
 from minillm.spec_decode.hydra_heads import HydraHeads
+from minillm.spec_decode.medusa import embedding_fingerprint
 from minillm.spec_decode.medusa_heads import MedusaHeads
 from minillm.spec_decode.medusa_prompts import training_prompts
 
@@ -148,6 +148,8 @@ def evaluate(model, heads: MedusaHeads, h: torch.Tensor, y: torch.Tensor, batch:
 
 
 def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) -> tuple[MedusaHeads, MedusaTrainReport]:
+    if cfg.kind not in KINDS:  # before minutes of generation
+        raise ValueError(f"kind must be one of {sorted(KINDS)}, got {cfg.kind!r}")
     torch.manual_seed(cfg.seed)
     report = MedusaTrainReport(asdict(cfg))
     t0 = time.perf_counter()
@@ -170,8 +172,6 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
     report.num_train_positions = int(h_tr.shape[0])
     log(f"{h_tr.shape[0]} training positions, {h_ho.shape[0]} held out ({report.hidden_s:.0f} s of prefill)")
 
-    if cfg.kind not in KINDS:
-        raise ValueError(f"kind must be one of {sorted(KINDS)}, got {cfg.kind!r}")
     heads = KINDS[cfg.kind](model.config.hidden_size, cfg.num_heads)
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for p in model.parameters():
