@@ -31,12 +31,6 @@ class HydraProposer(MedusaProposer):
         super().__init__(runner, heads, tree, lm_head)
         runner.logit_extras = None  # the heads need the step's chosen token first: no shared pass
 
-    def rank_states(self, z: torch.Tensor, width: int) -> list[list[int]]:
-        """Head states [rows, hidden] -> each row's top-`width` tokens, through the LM head (or the cut one)."""
-        logits = self.runner.model.compute_logits(z) if self.lm_head is None else self.lm_head(z).float()
-        top = logits.argmax(-1, keepdim=True) if width == 1 else logits.topk(width, dim=-1).indices
-        return top.tolist()
-
     def guess(self, wants: list[tuple[Sequence, int]], sizes: dict[int, int], out: list[Proposal]) -> None:
         ready = list(sizes)
         embed = self.runner.model.embed_tokens
@@ -51,9 +45,9 @@ class HydraProposer(MedusaProposer):
             z = torch.stack([nodes[i][parent][0] for i, parent in jobs]).to(dtype)
             tokens = torch.tensor([nodes[i][parent][1] for i, parent in jobs], device=z.device)
             z = self.heads.step(d - 1, z, embed(tokens).to(dtype))
-            ranked = self.rank_states(z, self.topk[d - 1])
+            ranked = self.rank(self.head_logits(z), 1, len(jobs), self.topk[d - 1])  # [row][one head][rank]
             for row, (i, parent) in enumerate(jobs):
-                for rank, token in enumerate(ranked[row]):
+                for rank, token in enumerate(ranked[row][0]):
                     nodes[i][parent + (rank,)] = (z[row], token)
         for i in ready:
             n = sizes[i]

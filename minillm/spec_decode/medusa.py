@@ -99,9 +99,14 @@ class MedusaProposer(Proposer):
         """Passes over the LM head's weights that a product over `rows` rows costs."""
         return -(-rows // self.rows_per_read)
 
-    def rank(self, logits: torch.Tensor, depth: int, rows: int) -> list[list[list[int]]]:
-        """Head logits [depth * rows, vocab] (head-major) -> [row][head][rank] candidate tokens."""
-        width = max(self.topk[:depth])
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The heads' states [rows, hidden] through the target's LM head, or the cut one (draft_vocab)."""
+        return self.runner.model.compute_logits(x) if self.lm_head is None else self.lm_head(x).float()
+
+    def rank(self, logits: torch.Tensor, depth: int, rows: int, width: int | None = None) -> list[list[list[int]]]:
+        """Head logits [depth * rows, vocab] (head-major) -> [row][head][rank] candidate tokens
+        (width per head: by default the most that any of the first `depth` heads must rank)."""
+        width = width or max(self.topk[:depth])
         top = logits.argmax(-1, keepdim=True) if width == 1 else logits.topk(width, dim=-1).indices
         return top.reshape(depth, rows, width).permute(1, 0, 2).tolist()
 
@@ -165,7 +170,7 @@ class MedusaProposer(Proposer):
         h = torch.stack([self.hidden[wants[i][0].seq_id][1] for i in ready])
         x = self.heads(h, depth)  # [depth, rows, hidden]: only the heads the proposal reads
         x = x.reshape(depth * len(ready), -1)
-        logits = self.runner.model.compute_logits(x) if self.lm_head is None else self.lm_head(x).float()
+        logits = self.head_logits(x)
         ranked = self.rank(logits, depth, len(ready))
         for j, i in enumerate(ready):
             n = sizes[i]
