@@ -80,3 +80,44 @@ def test_a_kernel_that_cannot_build_warns_and_falls_back():
     with pytest.warns(UserWarning, match="MKL runs instead: no compiler"):
         assert gguf_cpu.loads_or_warns(broken, "MKL runs instead") is False
     assert gguf_cpu.loads_or_warns(lambda: None, "unused") is True
+
+
+@pytest.mark.parametrize("rows", [33, 64, 128])
+@pytest.mark.parametrize("bias", [False, True])
+def test_column_major_out_is_the_same_product_as_a_column_major_view(rows, bias):
+    """A layer read only elementwise gets W @ x.T's transpose as a view: same values as nn.Linear, strides
+    (1, rows); an elementwise op keeps that layout, and `residual + x` (RMSNorm's order) is row-major again."""
+    torch.manual_seed(rows)
+    ref = nn.Linear(96, 200, bias=bias)
+    lin = nn.Linear(96, 200, bias=bias)
+    lin.load_state_dict(ref.state_dict())
+    lin.column_major_out = True
+    use_skinny_linears(lin)
+    x = torch.randn(rows, 96)
+    y = lin(x)
+    torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+    assert y.shape == (rows, 200) and y.stride() == (1, rows)
+    assert torch.nn.functional.silu(y).stride() == (1, rows)
+    residual = torch.randn(rows, 200)
+    assert (residual + y).is_contiguous()
+    assert lin(torch.randn(3, rows, 96)).shape == (3, rows, 200)
+    lin.column_major_out = False
+    assert lin(x).is_contiguous()
+
+
+@pytest.mark.parametrize("rows", [33, 100])
+def test_a_wide_layer_is_multiplied_in_blocks_of_output_rows(rows):
+    """Beyond OUT_BLOCK outputs (an LM head), the product runs block by block: exactly one W @ x.T."""
+    from minillm.models.skinny_linear import OUT_BLOCK
+
+    torch.manual_seed(rows)
+    out = 2 * OUT_BLOCK + 77  # a last block shorter than the others
+    lin = nn.Linear(64, out, bias=False)
+    use_skinny_linears(lin)
+    x = torch.randn(rows, 64)
+    with torch.no_grad():  # as the engine runs (torch.mm with out= cannot record a graph)
+        y = lin(x)
+    assert y.is_contiguous() and y.shape == (rows, out)
+    assert torch.equal(lin(x), y)  # with autograd on: one product and a copy, the same values
+    assert torch.equal(y, (lin.weight @ x.t()).t())
+    torch.testing.assert_close(y, x @ lin.weight.t(), rtol=1e-5, atol=1e-4)

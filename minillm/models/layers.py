@@ -39,8 +39,8 @@ class RMSNorm(nn.Module):
             return fused.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
-        residual = x + residual
-        return self._norm(residual), residual
+        residual = residual + x  # residual first: the sum takes its row-major layout when x is a
+        return self._norm(residual), residual  # column-major view (SkinnyLinear.column_major_out)
 
 
 class ScaledEmbedding(nn.Embedding):
@@ -122,6 +122,9 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        # their readers are elementwise (the activation, the residual add): a SkinnyLinear may return
+        # a column-major view rather than copy (models/skinny_linear.py); other classes ignore this
+        self.gate_up_proj.column_major_out = self.down_proj.column_major_out = True
 
     @staticmethod
     def act(gate: torch.Tensor) -> torch.Tensor:

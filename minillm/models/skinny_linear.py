@@ -22,6 +22,19 @@ machine, two threads, 1 / 2 / 4 / 8 rows: 13.0 / 13.5 / 13.5 / 17.2 ms (W @ x.T
 through MKL: 19.2 / 17.8 / 27.6 / 41.8 ms); 16 / 32 rows: 28.8 / 51.0 ms (MKL
 49.1 / 74.7). Where it cannot be built, MKL runs as above.
 
+Above the kernel's 32 rows, the product `W @ x.T` comes out [out, rows], and turning it
+into nn.Linear's [rows, out] is a copy that cost as much as the product saved: at 128 rows
+(a batched decode step) 0.3 ms of a 2.6 ms MLP projection, 19 ms of the LM head's 61. A layer
+whose every reader is elementwise (the MLP's two, the attention's output projection: an
+activation or the residual add comes next) sets `column_major_out` and gets the transposed
+view as is: same values, shape [rows, out], strides (1, rows). An elementwise op on it writes
+the same layout, so the MLP's down projection reads its input as a contiguous `x.T`, and the
+residual add (`residual + x`, residual first) writes the residual stream row-major again.
+Same machine, MLP gate/up [3072, 576] at 128 rows: 2.6 ms with the copy, 2.3 without.
+A wide layer read row-major (the LM head) is multiplied OUT_BLOCK output rows at a time, each
+block's transpose copied while it is still in cache: SmolLM2's head at 33 / 64 / 128 / 256 rows
+23 / 30 / 50 / 113 ms, against 30 / 38 / 60 / 142 ms for one product and one copy.
+
 Values are the same products (each output a dot product over `in`), only the
 kernel differs (and so the order of the float sums). Used in eager mode, and for
 the LM head of a compiled engine (it runs outside the compiled step): inside a
@@ -36,7 +49,8 @@ from torch.nn import functional as F
 
 from minillm.kernels import skinny_cpu
 
-MAX_ROWS = 512  # measured faster up to 256 rows on every layer shape of the default model
+MAX_ROWS = 512
+OUT_BLOCK = 4096  # output rows per product of a wide layer (the module docstring's measurement)  # measured faster up to 256 rows on every layer shape of the default model
 
 
 def padded_rows(rows: int) -> int:
@@ -51,6 +65,10 @@ def padded_rows(rows: int) -> int:
 class SkinnyLinear(nn.Linear):
     """nn.Linear whose CPU float32 forward for up to MAX_ROWS rows is W @ x.T."""
 
+    # set by a layer whose readers are all elementwise: beyond the few-row kernel, return W @ x.T's
+    # transpose as a view (strides (1, rows)) instead of copying it row-major (module docstring)
+    column_major_out: bool = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.numel() else 0
         if (not 0 < rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32
@@ -63,10 +81,29 @@ class SkinnyLinear(nn.Linear):
         padded = padded_rows(rows)
         if padded != rows:
             x2 = torch.cat([x2, x2.new_zeros(padded - rows, x2.shape[1])])
-        y = (self.weight @ x2.t()).t()[:rows].contiguous()
+        if self.column_major_out and padded == rows:
+            y = (self.weight @ x2.t()).t()
+        elif self.out_features > OUT_BLOCK and padded == rows and not torch.is_grad_enabled():  # mm(out=)
+            y = blocked_product(x2, self.weight)
+        else:
+            y = (self.weight @ x2.t()).t()[:rows].contiguous()
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def blocked_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T, row-major, as OUT_BLOCK-row products W_b @ x.T, each transposed into place while
+    it is in cache (the same dot products as one W @ x.T)."""
+    rows, out_features = x.shape[0], weight.shape[0]
+    out = x.new_empty(rows, out_features)
+    block = x.new_empty(OUT_BLOCK, rows)
+    xt = x.t()
+    for start in range(0, out_features, OUT_BLOCK):
+        n = min(OUT_BLOCK, out_features - start)
+        torch.mm(weight[start : start + n], xt, out=block[:n])
+        out[:, start : start + n].copy_(block[:n].t())
+    return out
 
 
 def use_skinny_linears(model: nn.Module) -> int:
