@@ -164,6 +164,16 @@ inline void weighted_rows(float* acc, const float* w, const T* const* rows, int6
 }
 #endif
 
+// Asks for the next tile's rows (count of them, row_bytes each; count <= 0: none) while this one
+// computes: the key rows of one head are 256 B at a 768 B stride in blocks scattered over the pool,
+// which the hardware prefetchers follow poorly (one layer of a 128-sequence step, 100-380 keys,
+// 2 threads, 40 interleaved calls: 3.01 -> 2.71 ms median; 8 or 16 keys ahead the same).
+template <typename T>
+inline void prefetch_rows(const T* const* rows, int64_t count, int64_t row_bytes) {
+  for (int64_t j = 0; j < count; ++j)
+    for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(reinterpret_cast<const char*>(rows[j]) + c, 0, 3);
+}
+
 template <typename T>
 void paged_decode_impl(const T* q, const T* k_cache, const T* v_cache, const int32_t* tables,
                        const int64_t* lens, T* out, int64_t batch, int64_t heads, int64_t kv_heads,
@@ -202,9 +212,11 @@ void paged_decode_impl(const T* q, const T* k_cache, const T* v_cache, const int
       int64_t i0 = 0;
 #if defined(__AVX2__) && defined(__FMA__)
       if (d % 8 == 0) {
-        for (; i0 + 8 <= n; i0 += 8)
+        for (; i0 + 8 <= n; i0 += 8) {
+          prefetch_rows(krows.data() + i0 + 8, std::min<int64_t>(8, n - i0 - 8), d * sizeof(T));
           for (int64_t g = 0; g < group; ++g)
             _mm256_storeu_ps(scores.data() + g * n + i0, scores8(qf.data() + g * d, krows.data() + i0, d));
+        }
       }
 #endif
       for (int64_t i = i0; i < n; ++i)
@@ -220,9 +232,11 @@ void paged_decode_impl(const T* q, const T* k_cache, const T* v_cache, const int
 #if defined(__AVX2__) && defined(__FMA__)
       if (d % 8 == 0) {
         constexpr int64_t tile = 32;
-        for (int64_t j0 = 0; j0 < n; j0 += tile)
+        for (int64_t j0 = 0; j0 < n; j0 += tile) {
+          prefetch_rows(vrows.data() + j0 + tile, std::min<int64_t>(tile, n - j0 - tile), d * sizeof(T));
           for (int64_t g = 0; g < group; ++g)
             weighted_rows(acc.data() + g * d, scores.data() + g * n + j0, vrows.data() + j0, std::min(tile, n - j0), d);
+        }
       } else
 #endif
       {
