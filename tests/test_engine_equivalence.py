@@ -77,3 +77,28 @@ def test_n_greater_than_one_shares_prompt_blocks(model):
     shared = [b for t in eng.trace for b in t.blocks_shared]
     assert len(shared) == 2 * (len(prompt) // 4), "each sibling takes the parent's full prompt blocks"
     assert any(max(t.block_ref_counts) == 3 for t in eng.trace)
+
+
+@pytest.mark.parametrize("num_blocks", [30, 512])  # 30: preemption frees and re-allocates blocks mid-run
+def test_the_trace_block_snapshot_is_always_the_pool_as_it_is(model, num_blocks):
+    """The trace reuses its per-block snapshot while BlockManager.version stands still: after every step
+    (prefix hits, preemption, an abort) it must equal the pool read afresh."""
+    eng = make_engine(model, num_blocks=num_blocks, max_num_batched_tokens=24)
+    shared = PROMPTS[0] * 2
+    for i, p in enumerate(PROMPTS[:6]):
+        eng.add_request(str(i), shared + p if i % 2 else p, greedy(MAX_TOKENS))
+    bm, reused, step = eng.block_manager, 0, 0
+    while eng.has_unfinished_requests():
+        eng.step()
+        step += 1
+        rec = eng.trace[-1]
+        assert rec.block_ref_counts == tuple(b.ref_count for b in bm.blocks)
+        assert rec.block_cached == bm.cached_flags() and rec.free_queue == bm.free_order()
+        if len(eng.trace) > 1 and rec.block_ref_counts is eng.trace[-2].block_ref_counts:
+            reused += 1
+        if step == 5:  # between steps: the next record must see the blocks it freed
+            eng.abort_request("1")
+    assert reused, "no step reused the snapshot: the memo never applied"
+    assert any(t.prefix_hit_tokens for t in eng.trace)
+    if num_blocks == 30:
+        assert any(t.preemptions for t in eng.trace)

@@ -163,6 +163,10 @@ class BlockManager:
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[BlockHash, int] = {}
         self.events = BlockEvents()
+        # bumped by every change to a ref count, a block's hash or the free queue: the step trace's
+        # per-block snapshot is rebuilt only after one (most decode steps change nothing)
+        self.version = 0
+        self._snapshot: tuple | None = None
 
     # ----- queries -------------------------------------------------------------
     @property
@@ -239,6 +243,7 @@ class BlockManager:
         child.num_computed_tokens = num_blocks * self.block_size
 
     def _ref(self, bid: int) -> None:
+        self.version += 1
         block = self.blocks[bid]
         if block.ref_count == 0:  # a cached block revived from the free queue
             del self.free_queue[bid]
@@ -253,6 +258,7 @@ class BlockManager:
             seq.block_table.append(self._pop_free())
 
     def _pop_free(self) -> int:
+        self.version += 1
         bid, _ = self.free_queue.popitem(last=False)
         block = self.blocks[bid]
         if block.block_hash is not None:  # reusing a cached block forgets what it held
@@ -279,6 +285,7 @@ class BlockManager:
             if block.block_hash is None and h not in self.hash_to_block:
                 block.block_hash, block.token_ids = h, tokens
                 self.hash_to_block[h] = block.block_id
+                self.version += 1
 
     def free(self, seq: Sequence) -> None:
         """Drop all the sequence's references (finish, abort, preemption); it restarts from scratch."""
@@ -309,6 +316,7 @@ class BlockManager:
             bid = table.pop()
             block = self.blocks[bid]
             block.ref_count -= 1
+            self.version += 1
             assert block.ref_count >= 0, f"double free of block {bid}"
             if block.ref_count == 0:
                 self._park(bid, block)
@@ -325,6 +333,19 @@ class BlockManager:
         return ev
 
     # ----- what the step trace records (the radix cache answers these from its tree) -----------
+    # a subclass that keeps state of its own (the radix tree, contiguous reservations) rebuilds every step
+    memoize_snapshot = True
+
+    def block_snapshot(self) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[int, ...]]:
+        """(ref count per block, cached_flags(), free_order()) for the step trace. Rebuilt only when
+        `version` moved: the three are O(num_blocks) each, ~55 us a step at 728 blocks (3% of a
+        quantized batch-1 step of the default model), and a decode step rarely changes them."""
+        snap = self._snapshot
+        if snap is None or snap[0] != self.version or not self.memoize_snapshot:
+            snap = self._snapshot = (self.version, tuple(b.ref_count for b in self.blocks), self.cached_flags(),
+                                     self.free_order())
+        return snap[1], snap[2], snap[3]
+
     def cached_flags(self) -> tuple[bool, ...]:
         """Per physical block: does it hold reusable prefix content?"""
         return tuple(b.block_hash is not None for b in self.blocks)

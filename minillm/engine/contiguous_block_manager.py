@@ -38,6 +38,8 @@ class AdmissionRefusals:
 
 
 class ContiguousBlockManager(BlockManager):
+    memoize_snapshot = False  # its own state changes without BlockManager.version (see block_snapshot)
+
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, reserve: str = "max_model_len") -> None:
         if reserve not in ("max_model_len", "request"):
             raise ValueError(f"reserve must be 'max_model_len' or 'request', got {reserve!r}")

@@ -38,6 +38,24 @@ def weight_bytes(cfg: ModelConfig, bytes_per_weight: float) -> float:
     )
 
 
+# config -> (bytes_per_weight, FLOPs per token of the layers' matmuls, weight bytes): the sums over
+# layers are the same every step and cost ~40 us each time (a config is not hashable: keyed by identity,
+# the entry keeps its config alive so the id is never reused)
+_PER_MODEL: dict[int, tuple[ModelConfig, float, float, float]] = {}
+
+
+def per_model(cfg: ModelConfig, bytes_per_weight: float) -> tuple[float, float]:
+    """(matmul FLOPs per token in the layers, weight bytes per step), computed once per config."""
+    hit = _PER_MODEL.get(id(cfg))
+    if hit is None or hit[0] is not cfg or hit[1] != bytes_per_weight:
+        h, d, layers = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
+        q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+        mlp = sum(cfg.mlp_parameters(i, active=True) for i in range(layers))
+        hit = _PER_MODEL[id(cfg)] = (cfg, bytes_per_weight, 2 * (layers * (h * (q + 2 * kv) + q * h) + mlp),
+                                     weight_bytes(cfg, bytes_per_weight))
+    return hit[2], hit[3]
+
+
 def step_cost(
     cfg: ModelConfig,
     chunks: list[tuple[int, int]],  # (num_new_tokens, context_len after the step) per sequence
@@ -46,9 +64,8 @@ def step_cost(
     bytes_per_kv_elem: float,  # as stored: int8/fp8 caches add their per-token-per-head fp32 scale
 ) -> StepCost:
     h, d, layers = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
-    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    mlp = sum(cfg.mlp_parameters(i, active=True) for i in range(layers))
-    linear_per_token = 2 * (layers * (h * (q + 2 * kv) + q * h) + mlp)
+    kv = cfg.num_key_value_heads * d
+    linear_per_token, wbytes = per_model(cfg, bytes_per_weight)
     tokens = sum(n for n, _ in chunks)
     attn = 0.0
     kv_read = 0.0
@@ -59,4 +76,4 @@ def step_cost(
         kv_read += ctx * 2 * layers * kv * bytes_per_kv_elem  # each key and value read once per step
     flops = linear_per_token * tokens + attn + 2 * h * cfg.vocab_size * num_logits
     kv_write = tokens * 2 * layers * kv * bytes_per_kv_elem
-    return StepCost(flops, weight_bytes(cfg, bytes_per_weight), kv_read, kv_write)
+    return StepCost(flops, wbytes, kv_read, kv_write)

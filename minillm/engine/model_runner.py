@@ -96,7 +96,8 @@ class ModelRunner(Executor):
         self.pool.bind(self.model, self.backend)
 
     def take_routed_tokens(self) -> RoutedTokens | None:
-        return take_routed_tokens(self.model)
+        # a dense model has none: skip the walk over its layers every step
+        return take_routed_tokens(self.model) if self.moe_blocks else None
 
     def move_kv(self, moves: list[tuple[int, int]]) -> None:
         self.pool.move_slots(moves)

@@ -35,6 +35,8 @@ from minillm.engine.sequence import Sequence
 
 
 class RadixBlockManager(BlockManager):
+    memoize_snapshot = False  # its own state changes without BlockManager.version (see block_snapshot)
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size, enable_prefix_caching=True)
         self.tree = RadixTree(block_size)

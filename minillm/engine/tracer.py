@@ -84,6 +84,7 @@ class StepTracer:
             self.bytes_per_weight, self.bytes_per_kv_elem,
         ) if batch.chunks else None
         ev = bm.take_events()
+        ref_counts, cached, free_order = bm.block_snapshot()
         holders = scheduler.running
         arrivals, finished = self._arrivals, self._finished
         self._arrivals, self._finished = [], []
@@ -103,9 +104,7 @@ class StepTracer:
             blocks_allocated=tuple(ev.allocated), blocks_freed=tuple(ev.freed),
             blocks_evicted=tuple(ev.evicted), blocks_shared=tuple(ev.shared),
             block_tables=tuple((s.seq_id, tuple(s.block_table)) for s in holders),
-            block_ref_counts=tuple(b.ref_count for b in bm.blocks),
-            block_cached=bm.cached_flags(),
-            free_queue=bm.free_order(),
+            block_ref_counts=ref_counts, block_cached=cached, free_queue=free_order,
             prefix_queried_tokens=ev.queried_tokens, prefix_hit_tokens=ev.hit_tokens,
             spec=tuple(spec),
             flops=cost.flops if cost else 0.0, bytes_moved=cost.bytes_moved if cost else 0.0,
