@@ -38,22 +38,21 @@ def weight_bytes(cfg: ModelConfig, bytes_per_weight: float) -> float:
     )
 
 
-# config -> (bytes_per_weight, FLOPs per token of the layers' matmuls, weight bytes): the sums over
-# layers are the same every step and cost ~40 us each time (a config is not hashable: keyed by identity,
-# the entry keeps its config alive so the id is never reused)
-_PER_MODEL: dict[int, tuple[ModelConfig, float, float, float]] = {}
+@dataclass(frozen=True)
+class ModelCosts:
+    """What every step of one model costs alike: its layers' matmul FLOPs per token and its weight bytes.
+    The sums over layers took ~40 us a step; an owner that steps one model (the tracer, a draft) computes
+    them once and passes them to step_cost."""
+
+    linear_flops_per_token: float
+    weight_bytes: float
 
 
-def per_model(cfg: ModelConfig, bytes_per_weight: float) -> tuple[float, float]:
-    """(matmul FLOPs per token in the layers, weight bytes per step), computed once per config."""
-    hit = _PER_MODEL.get(id(cfg))
-    if hit is None or hit[0] is not cfg or hit[1] != bytes_per_weight:
-        h, d, layers = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
-        q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-        mlp = sum(cfg.mlp_parameters(i, active=True) for i in range(layers))
-        hit = _PER_MODEL[id(cfg)] = (cfg, bytes_per_weight, 2 * (layers * (h * (q + 2 * kv) + q * h) + mlp),
-                                     weight_bytes(cfg, bytes_per_weight))
-    return hit[2], hit[3]
+def model_costs(cfg: ModelConfig, bytes_per_weight: float) -> ModelCosts:
+    h, d, layers = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    mlp = sum(cfg.mlp_parameters(i, active=True) for i in range(layers))
+    return ModelCosts(2 * (layers * (h * (q + 2 * kv) + q * h) + mlp), weight_bytes(cfg, bytes_per_weight))
 
 
 def step_cost(
@@ -62,10 +61,11 @@ def step_cost(
     num_logits: int,
     bytes_per_weight: float,
     bytes_per_kv_elem: float,  # as stored: int8/fp8 caches add their per-token-per-head fp32 scale
+    fixed: ModelCosts | None = None,  # model_costs(cfg, bytes_per_weight), when the caller keeps it
 ) -> StepCost:
     h, d, layers = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
     kv = cfg.num_key_value_heads * d
-    linear_per_token, wbytes = per_model(cfg, bytes_per_weight)
+    fixed = fixed or model_costs(cfg, bytes_per_weight)
     tokens = sum(n for n, _ in chunks)
     attn = 0.0
     kv_read = 0.0
@@ -74,6 +74,6 @@ def step_cost(
         keys = n * (ctx - n) + n * (n + 1) / 2
         attn += 2 * 2 * layers * cfg.num_attention_heads * d * keys  # QK^T and PV
         kv_read += ctx * 2 * layers * kv * bytes_per_kv_elem  # each key and value read once per step
-    flops = linear_per_token * tokens + attn + 2 * h * cfg.vocab_size * num_logits
+    flops = fixed.linear_flops_per_token * tokens + attn + 2 * h * cfg.vocab_size * num_logits
     kv_write = tokens * 2 * layers * kv * bytes_per_kv_elem
-    return StepCost(flops, wbytes, kv_read, kv_write)
+    return StepCost(flops, fixed.weight_bytes, kv_read, kv_write)

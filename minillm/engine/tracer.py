@@ -11,7 +11,7 @@ from minillm.config import ModelConfig
 from minillm.engine import trace as tr
 from minillm.engine.batch import ScheduledBatch
 from minillm.engine.block_manager import BlockManager
-from minillm.engine.cost import step_cost
+from minillm.engine.cost import model_costs, step_cost
 from minillm.engine.scheduler import ChosenTokens, Scheduler, StepUpdate
 from minillm.engine.sequence import Sequence
 
@@ -22,6 +22,7 @@ class StepTracer:
         self.model_config = model_config  # the whole model (a TP shard's config is its rank's slice)
         self.bytes_per_weight = bytes_per_weight  # as stored: a quantized model's codes + scales per weight
         self.bytes_per_kv_elem = bytes_per_kv_elem  # as stored: int8/fp8 caches add their scales
+        self.model_costs = model_costs(model_config, bytes_per_weight)  # the same every step
         self.token_budget = token_budget
         self.max_num_seqs = max_num_seqs
         self.trace: list[tr.StepTrace] = []  # a long-running server may trim it; steps keep counting
@@ -81,7 +82,7 @@ class StepTracer:
             self.model_config,
             [(c.num_query_tokens, c.num_computed_before + c.num_query_tokens) for c in batch.chunks],
             sum(1 + len(c.draft_token_ids) for c, picked in zip(batch.chunks, chosen) if picked is not None),
-            self.bytes_per_weight, self.bytes_per_kv_elem,
+            self.bytes_per_weight, self.bytes_per_kv_elem, self.model_costs,
         ) if batch.chunks else None
         ev = bm.take_events()
         ref_counts, cached, free_order = bm.block_snapshot()

@@ -33,7 +33,7 @@ import torch
 from minillm.engine.batch import StepBatch
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.config import EngineConfig
-from minillm.engine.cost import step_cost
+from minillm.engine.cost import model_costs, step_cost
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.sequence import Sequence
 from minillm.engine.trace import DraftRecord
@@ -90,6 +90,7 @@ class DraftModelProposer(Proposer):
         plan = self.runner.plan
         self._bytes_per_weight = bytes_per_weight(draft)
         self._bytes_per_kv_elem = plan.bytes_per_token / (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim)
+        self._model_costs = model_costs(cfg, self._bytes_per_weight)
 
     # ----- the proposer's contract ----------------------------------------------------------
     @torch.inference_mode()
@@ -218,7 +219,7 @@ class DraftModelProposer(Proposer):
         t.forwards += 1
         t.tokens += len(b.token_ids)
         cost = step_cost(self.model.config, list(zip(b.query_lens, b.seq_lens)), len(items),
-                         self._bytes_per_weight, self._bytes_per_kv_elem)
+                         self._bytes_per_weight, self._bytes_per_kv_elem, self._model_costs)
         t.flops += cost.flops
         t.bytes_moved += cost.bytes_moved
         return logits
