@@ -47,7 +47,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from minillm.kernels import skinny_cpu
+from minillm.kernels import skinny_cpu, tiled_cpu
 
 MAX_ROWS = 512  # measured faster up to 256 rows on every layer shape of the default model
 OUT_BLOCK = 4096  # output rows per product of a wide layer (the module docstring's measurement)
@@ -71,13 +71,20 @@ class SkinnyLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.numel() else 0
-        if (not 0 < rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32
+        if (rows == 0 or x.device.type != "cpu" or x.dtype != torch.float32
                 or self.weight.dtype != torch.float32 or not self.weight.is_contiguous()  # K-major: slow here
                 or torch.compiler.is_compiling()):
             return F.linear(x, self.weight, self.bias)
         x2 = x.reshape(rows, x.shape[-1])
         if skinny_cpu.applies(rows, x2, self.weight):
             return skinny_cpu.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
+        if (tiled_cpu.applies(rows, x2, self.weight)
+                and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
+            # the product comes out in the layout its readers want (no autograd formula: training takes MKL)
+            y = tiled_cpu.linear(x2, self.weight, self.bias, row_major_out=not self.column_major_out)
+            return (y.t() if self.column_major_out else y).reshape(*x.shape[:-1], self.out_features)
+        if rows > MAX_ROWS:
+            return F.linear(x, self.weight, self.bias)
         padded = padded_rows(rows)
         if padded != rows:
             x2 = torch.cat([x2, x2.new_zeros(padded - rows, x2.shape[1])])
@@ -110,6 +117,7 @@ def use_skinny_linears(model: nn.Module) -> int:
     """Turn every plain nn.Linear of `model` into a SkinnyLinear (same parameters); returns how many.
     Builds the few-row kernel now (once per machine, ~10 s; cached), so no forward waits for it."""
     skinny_cpu.available()
+    tiled_cpu.available()
     n = 0
     for module in model.modules():
         if type(module) is nn.Linear:

@@ -1,0 +1,103 @@
+"""The batched float32 linear (kernels/cpu/tiled_f32.cpp) against float64, and where SkinnyLinear runs it."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from minillm.kernels import tiled_cpu
+from minillm.models.skinny_linear import SkinnyLinear, use_skinny_linears
+
+needs_kernel = pytest.mark.skipif(not tiled_cpu.available(), reason="the tiled kernel could not be built here")
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    y = x.double() @ w.double().t()
+    return y if b is None else y + b.double()
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [33, 47, 64, 100, 192])  # whole and partial row blocks (16 or 32 rows)
+@pytest.mark.parametrize("in_out", [(576, 960), (1536, 576), (40, 13), (2100, 7)])  # tile remainders; in > KC
+@pytest.mark.parametrize("bias", [False, True])
+def test_tiled_kernel_equals_float64_reference_in_both_layouts(rows, in_out, bias):
+    k, n = in_out
+    torch.manual_seed(rows * n + k)
+    x, w = torch.randn(rows, k), torch.randn(n, k)
+    b = torch.randn(n) if bias else None
+    ref = reference(x, w, b)
+    tol = dict(rtol=1e-5, atol=1e-4 * k ** 0.5)
+    row_major = tiled_cpu.linear(x, w, b, row_major_out=True)
+    assert row_major.shape == (rows, n) and row_major.is_contiguous()
+    torch.testing.assert_close(row_major.double(), ref, **tol)
+    transposed = tiled_cpu.linear(x, w, b, row_major_out=False)
+    assert transposed.shape == (n, rows) and transposed.is_contiguous()
+    torch.testing.assert_close(transposed.t().double(), ref, **tol)
+    # an input in the column-major layout a column_major_out layer hands on: the same sums, the same floats
+    x_col = x.t().contiguous().t()
+    assert x_col.stride() == (1, rows)
+    assert torch.equal(tiled_cpu.linear(x_col, w, b, row_major_out=True), row_major)
+
+
+@needs_kernel
+def test_tiled_kernel_refuses_what_it_cannot_do():
+    with pytest.raises(RuntimeError, match="float32"):
+        tiled_cpu.linear(torch.randn(40, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match=r"x \[M, K\]"):
+        tiled_cpu.linear(torch.randn(40, 8), torch.randn(4, 9))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        tiled_cpu.linear(torch.randn(40, 8), torch.randn(8, 4).t())
+    w = torch.randn(64, 64)
+    assert tiled_cpu.applies(33, torch.randn(33, 64), w) and not tiled_cpu.applies(32, torch.randn(32, 64), w)
+    assert not tiled_cpu.applies(tiled_cpu.MAX_ROWS + 1, torch.randn(tiled_cpu.MAX_ROWS + 1, 64), w)
+    wide = torch.randn(tiled_cpu.WIDE * 64, 64)  # a wide layer keeps the kernel at prefill's row counts
+    assert tiled_cpu.applies(2048, torch.randn(2048, 64), wide)
+
+
+@needs_kernel
+@pytest.mark.parametrize("column_major_out", [False, True])
+def test_skinny_linear_runs_the_tiled_kernel_between_the_few_row_kernel_and_mkl(column_major_out):
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 200)
+    ref = nn.Linear(96, 200)
+    ref.load_state_dict(lin.state_dict())
+    use_skinny_linears(lin)
+    assert type(lin) is SkinnyLinear
+    lin.column_major_out = column_major_out
+    x = torch.randn(64, 96)
+    with torch.no_grad():
+        y = lin(x)
+        expected = tiled_cpu.linear(x, lin.weight, lin.bias, row_major_out=not column_major_out)
+        assert torch.equal(y, expected.t() if column_major_out else expected)
+        assert y.stride() == ((1, 64) if column_major_out else (200, 1))
+        torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+    # with autograd recording (training heads on a frozen base) the kernel has no backward: MKL runs, grads flow
+    xg = x.clone().requires_grad_()
+    lin(xg).sum().backward()
+    torch.testing.assert_close(xg.grad, lin.weight.sum(0).expand(64, 96), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_tiled_kernel_is_built_for_avx2_and_portable_too(tmp_path):
+    """Both other instruction sets compile and give the float64 reference's values (run in a child process:
+    a process loads one build of an op library)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from minillm.kernels import tiled_cpu\n"
+        "assert tiled_cpu.available()\n"
+        "torch.manual_seed(0)\n"
+        "x, w, b = torch.randn(70, 300), torch.randn(50, 300), torch.randn(50)\n"
+        "ref = x.double() @ w.double().t() + b.double()\n"
+        "for rm in (True, False):\n"
+        "    y = tiled_cpu.linear(x, w, b, row_major_out=rm)\n"
+        "    torch.testing.assert_close((y if rm else y.t()).double(), ref, rtol=1e-5, atol=2e-3)\n"
+        "print('ok')\n"
+    )
+    for capability in ("avx2", "default"):
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (capability, done.stderr[-2000:])
