@@ -32,7 +32,7 @@ import torch
 from minillm.kernels import gguf_cpu
 
 SOURCE = Path(__file__).with_name("cpu") / "tiled_f32.cpp"
-MIN_ROWS, MAX_ROWS = 33, 192  # below: the few-row kernel; above: MKL, except for wide layers (module docstring)
+MIN_ROWS, MAX_ROWS = 24, 192  # below: the few-row kernel; above: MKL, except for wide layers (module docstring)
 WIDE = 2  # out / in from which a layer keeps the tiled kernel at any row count (prefill's MLP gate/up)
 
 _ready = False  # set once the kernel loaded; read by traced code, so a compiled graph never builds

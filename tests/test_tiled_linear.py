@@ -17,7 +17,7 @@ def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [33, 47, 64, 100, 192])  # whole and partial row blocks (16 or 32 rows)
+@pytest.mark.parametrize("rows", [24, 33, 47, 64, 100, 192])  # whole, half and partial row blocks
 @pytest.mark.parametrize("in_out", [(576, 960), (1536, 576), (40, 13), (2100, 7)])  # tile remainders; in > KC
 @pytest.mark.parametrize("bias", [False, True])
 def test_tiled_kernel_equals_float64_reference_in_both_layouts(rows, in_out, bias):
@@ -48,7 +48,8 @@ def test_tiled_kernel_refuses_what_it_cannot_do():
     with pytest.raises(RuntimeError, match="contiguous"):
         tiled_cpu.linear(torch.randn(40, 8), torch.randn(8, 4).t())
     w = torch.randn(64, 64)
-    assert tiled_cpu.applies(33, torch.randn(33, 64), w) and not tiled_cpu.applies(32, torch.randn(32, 64), w)
+    lo = tiled_cpu.MIN_ROWS
+    assert tiled_cpu.applies(lo, torch.randn(lo, 64), w) and not tiled_cpu.applies(lo - 1, torch.randn(lo - 1, 64), w)
     assert not tiled_cpu.applies(tiled_cpu.MAX_ROWS + 1, torch.randn(tiled_cpu.MAX_ROWS + 1, 64), w)
     wide = torch.randn(tiled_cpu.WIDE * 64, 64)  # a wide layer keeps the kernel at prefill's row counts
     assert tiled_cpu.applies(2048, torch.randn(2048, 64), wide)

@@ -99,7 +99,7 @@ struct Out {
 };
 
 // acc for W rows [o, o + R) and x rows [r0, r0 + cols) over in [k0, k1), added to what an earlier pass stored.
-template <int R>
+template <int R, bool Half>  // Half: at most VW rows of x, one vector per accumulator row (a short last block)
 void tile(const float* w, int64_t k, int64_t k0, int64_t k1, const float* xt, const float* bias, const Out& out,
           int64_t o, int64_t r0, int cols, const float* w_next, int64_t next_rows) {
   vec acc0[R], acc1[R];
@@ -109,11 +109,11 @@ void tile(const float* w, int64_t k, int64_t k0, int64_t k1, const float* xt, co
       if (out.row_major) {
         for (int j = 0; j < RB; ++j) buf[j] = j < cols ? out.y[(r0 + j) * out.n + o + i] : 0.f;
         acc0[i] = vload(buf);
-        acc1[i] = vload(buf + VW);
+        if (!Half) acc1[i] = vload(buf + VW);
       } else {
         const float* c = out.y + (o + i) * out.rows + r0;
         acc0[i] = vload_n(c, cols);
-        acc1[i] = vload_n(c + VW, cols - VW);
+        if (!Half) acc1[i] = vload_n(c + VW, cols - VW);
       }
     } else {
       acc0[i] = acc1[i] = bias ? vset1(bias[o + i]) : vzero();
@@ -129,18 +129,23 @@ void tile(const float* w, int64_t k, int64_t k0, int64_t k1, const float* xt, co
           if (at < k) prefetch(w_next + i * k + at);
         }
     }
-    const vec x0 = vload(xt + t * RB), x1 = vload(xt + t * RB + VW);
-    for (int i = 0; i < R; ++i) {
-      const vec wb = vset1(wt[i * k + t]);
-      acc0[i] = vfma(wb, x0, acc0[i]);
-      acc1[i] = vfma(wb, x1, acc1[i]);
+    const vec x0 = vload(xt + t * RB);
+    if (Half) {
+      for (int i = 0; i < R; ++i) acc0[i] = vfma(vset1(wt[i * k + t]), x0, acc0[i]);
+    } else {
+      const vec x1 = vload(xt + t * RB + VW);
+      for (int i = 0; i < R; ++i) {
+        const vec wb = vset1(wt[i * k + t]);
+        acc0[i] = vfma(wb, x0, acc0[i]);
+        acc1[i] = vfma(wb, x1, acc1[i]);
+      }
     }
   }
   if (out.row_major) {  // transpose through the stack: each row of y gets R neighbouring floats
     float t[R][RB];
     for (int i = 0; i < R; ++i) {
       vstore(t[i], acc0[i]);
-      vstore(t[i] + VW, acc1[i]);
+      if (!Half) vstore(t[i] + VW, acc1[i]);
     }
     for (int j = 0; j < cols; ++j) {
       float* yr = out.y + (r0 + j) * out.n + o;
@@ -151,14 +156,19 @@ void tile(const float* w, int64_t k, int64_t k0, int64_t k1, const float* xt, co
   for (int i = 0; i < R; ++i) {
     float* c = out.y + (o + i) * out.rows + r0;
     vstore_n(c, acc0[i], cols);
-    vstore_n(c + VW, acc1[i], cols - VW);
+    if (!Half) vstore_n(c + VW, acc1[i], cols - VW);
   }
 }
 
 void tile_rows(int64_t r, const float* w, int64_t k, int64_t k0, int64_t k1, const float* xt, const float* bias,
                const Out& out, int64_t o, int64_t r0, int cols, const float* w_next, int64_t next_rows) {
+  const bool half = cols <= VW;
   switch (r) {
-#define TILE(R) case R: tile<R>(w, k, k0, k1, xt, bias, out, o, r0, cols, w_next, next_rows); break;
+#define TILE(R)                                                                   \
+  case R:                                                                         \
+    if (half) tile<R, true>(w, k, k0, k1, xt, bias, out, o, r0, cols, w_next, next_rows);  \
+    else tile<R, false>(w, k, k0, k1, xt, bias, out, o, r0, cols, w_next, next_rows);      \
+    break;
     TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
 #if defined(__AVX512F__)  // MR = 12
     TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)

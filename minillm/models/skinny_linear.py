@@ -76,13 +76,13 @@ class SkinnyLinear(nn.Linear):
                 or torch.compiler.is_compiling()):
             return F.linear(x, self.weight, self.bias)
         x2 = x.reshape(rows, x.shape[-1])
-        if skinny_cpu.applies(rows, x2, self.weight):
-            return skinny_cpu.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
         if (tiled_cpu.applies(rows, x2, self.weight)
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             # the product comes out in the layout its readers want (no autograd formula: training takes MKL)
             y = tiled_cpu.linear(x2, self.weight, self.bias, row_major_out=not self.column_major_out)
             return (y.t() if self.column_major_out else y).reshape(*x.shape[:-1], self.out_features)
+        if skinny_cpu.applies(rows, x2, self.weight):
+            return skinny_cpu.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
         if rows > MAX_ROWS:
             return F.linear(x, self.weight, self.bias)
         padded = padded_rows(rows)
