@@ -1,6 +1,6 @@
-// y = x @ W.T (+ b) for a batch of rows of x (a batched decode step: 33 to a few hundred), float32.
+// y = x @ W.T (+ b) for a batch of rows of x (a batched decode step: 24 to 192; a wide layer at any count), float32.
 //
-// What the course teaches here (book/architecture.md, "Batched float products"): with 64-192 rows
+// What the course teaches here (book/architecture.md, "Batched float products"): with 24-192 rows
 // a linear is bound by arithmetic, not by reading W, so the question is how close the FMA units
 // get to their peak. MKL's sgemm on W @ x.T gets there when W is already in cache (~195 GFLOP/s
 // on a 2-core EPYC Zen 4) but loses ~15% when W streams from memory, as it does in a decode step

@@ -35,6 +35,13 @@ A wide layer read row-major (the LM head) is multiplied OUT_BLOCK output rows at
 block's transpose copied while it is still in cache: SmolLM2's head at 33 / 64 / 128 / 256 rows
 23 / 30 / 50 / 113 ms, against 30 / 38 / 60 / 142 ms for one product and one copy.
 
+From 24 to 192 rows (and at any row count for a wide layer, out >= 2 x in: the MLP's gate/up in a
+prefill step, the LM head) a register-tiled kernel (kernels/cpu/tiled_f32.cpp, kernels/tiled_cpu.py)
+runs instead of MKL: it reads W in place and prefetches the next tile, where MKL, whose W streams
+from memory in a decode step, packs it without looking ahead and loses ~15%. It writes either
+layout directly, so neither the transposed view nor the blocks above are needed where it runs;
+they remain the path where it cannot be built (MINILLM_TILED=mkl) and when autograd records.
+
 Values are the same products (each output a dot product over `in`), only the
 kernel differs (and so the order of the float sums). Used in eager mode, and for
 the LM head of a compiled engine (it runs outside the compiled step): inside a
