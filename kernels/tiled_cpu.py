@@ -56,6 +56,11 @@ def available() -> bool:
     return _ready
 
 
+def loaded_isa() -> str | None:
+    """The instruction set of the build this process loaded (avx512, avx2, portable), or None (never builds)."""
+    return torch.ops.minillm_tiled.isa() if _ready else None
+
+
 def applies(rows: int, x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The kernel's case: it loaded, float32 CPU tensors, a contiguous [out, in] weight, and MIN_ROWS to
     MAX_ROWS rows, or any number from MIN_ROWS on for a wide layer (out >= WIDE x in: MLP gate/up, LM head)."""

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -223,10 +224,21 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   return y;
 }
 
+std::string isa() {
+#if defined(__AVX512F__)
+  return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(minillm_tiled, lib) {
   lib.def("linear(Tensor x, Tensor weight, Tensor? bias, bool row_major_out) -> Tensor");
+  lib.def("isa() -> str", &isa);  // the instruction set this build's tiles use (recorded in the bench JSON)
 }
 
 TORCH_LIBRARY_IMPL(minillm_tiled, CPU, lib) { lib.impl("linear", &linear); }
