@@ -108,3 +108,28 @@ def test_tiled_kernel_is_built_for_avx2_and_portable_too(tmp_path):
         env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
         done = subprocess.run([sys.executable, "-c", code_here], env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (capability, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("route", ["bf16", "blocks"])
+def test_a_quantized_down_projection_reads_the_column_major_activation(bits, route):
+    """SwiGLU's gate/up may hand on a column-major view (column_major_out); a quantized down projection
+    behind it (a GGUF file's int4 layer, torch's int4/int8 CPU kernels) must take it as it is."""
+    from minillm.models.layers import SwiGLU
+    from minillm.quant.linear import QuantLinear
+
+    torch.manual_seed(bits)
+    mlp = SwiGLU(64, 192)
+    use_skinny_linears(mlp)
+    down = QuantLinear.from_float(mlp.down_proj.weight.detach(), bits, 32)
+    if not down.use_cpu_kernels(route=route):
+        pytest.skip(f"the {route} route does not take this shape here")
+    mlp.down_proj = down
+    x = torch.randn(256, 64)  # prefill's rows: the tiled kernel's wide-layer case where it is built
+    with torch.no_grad():
+        hidden = mlp.gate_up_proj(x)
+        gate, up = hidden.chunk(2, dim=-1)
+        act = mlp.act(gate) * up
+        got = mlp(x)
+        want = down(act.contiguous())
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

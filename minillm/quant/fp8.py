@@ -98,7 +98,7 @@ class FP8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x.reshape(-1, self.in_features).contiguous()  # a column_major_out layer may hand on a transposed view
         if scaled_mm_path(x2.device):
             y = fp8_scaled_matmul(x2, self.qweight, self.scales)
         else:  # dequantize on every call (see the module docstring): the scale goes on the output

@@ -167,7 +167,7 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x.reshape(-1, self.in_features).contiguous()  # a column_major_out layer may hand on a transposed view
         if self.input_scale is not None:
             x2 = x2 * self.input_scale.to(x2.dtype)
         if self.layout == "blocks":

@@ -139,7 +139,7 @@ class W8A8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, self.in_features).float()
+        x2 = x.reshape(-1, self.in_features).float().contiguous()  # a column_major_out layer may hand on a view
         if self.input_scale is not None:
             x2 = x2 * self.input_scale
         xq, xs = quantize_per_token(x2)
