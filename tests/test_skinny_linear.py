@@ -62,7 +62,8 @@ def test_few_row_kernel_is_what_skinny_linear_runs_and_refuses_what_it_cannot_do
     lin = nn.Linear(64, 48)
     use_skinny_linears(lin)
     x = torch.randn(4, 64)
-    assert torch.equal(lin(x), skinny_cpu.linear(x, lin.weight, lin.bias))
+    with torch.no_grad():  # as the engine runs (a forward that records a graph takes F.linear)
+        assert torch.equal(lin(x), skinny_cpu.linear(x, lin.weight, lin.bias))
     assert not skinny_cpu.applies(33, torch.randn(33, 64), lin.weight)  # beyond 32 rows: MKL's W @ x.T
     assert not skinny_cpu.applies(2, torch.randn(2, 64, dtype=torch.bfloat16), lin.weight.bfloat16())
     with pytest.raises(RuntimeError, match="1 to 32 rows"):
@@ -94,6 +95,11 @@ def test_column_major_out_is_the_same_product_as_a_column_major_view(rows, bias)
     lin.column_major_out = True
     use_skinny_linears(lin)
     x = torch.randn(rows, 96)
+    with torch.no_grad():  # as the engine runs; a forward that records a graph takes F.linear
+        _check_column_major(lin, ref, x, rows)
+
+
+def _check_column_major(lin, ref, x, rows):
     y = lin(x)
     torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
     assert y.shape == (rows, 200) and y.stride() == (1, rows)
@@ -122,6 +128,23 @@ def test_a_wide_layer_is_multiplied_in_blocks_of_output_rows(rows, monkeypatch):
     with torch.no_grad():  # as the engine runs (torch.mm with out= cannot record a graph)
         y = lin(x)
     assert y.is_contiguous() and y.shape == (rows, out)
-    assert torch.equal(lin(x), y)  # with autograd on: one product and a copy, the same values
     assert torch.equal(y, (lin.weight @ x.t()).t())
     torch.testing.assert_close(y, x @ lin.weight.t(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 40])  # the few-row kernel's rows and the tiled kernel's
+def test_a_forward_that_records_a_graph_backpropagates_exactly(rows):
+    """Training Medusa/Hydra heads runs their outputs through the frozen LM head: the gradient to its input
+    must be exact, with no kernel that autograd cannot differentiate (torch would warn and drop it)."""
+    import warnings
+
+    torch.manual_seed(rows)
+    lin = nn.Linear(48, 80, bias=False)
+    use_skinny_linears(lin)
+    lin.weight.requires_grad_(False)  # frozen, as the LM head is
+    x = torch.randn(rows, 48, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lin(x).pow(2).sum().backward()
+    expected = 2 * (x.detach() @ lin.weight.t()) @ lin.weight
+    torch.testing.assert_close(x.grad, expected, rtol=1e-5, atol=1e-5)

@@ -78,14 +78,15 @@ class SkinnyLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.numel() else 0
-        if (rows == 0 or x.device.type != "cpu" or x.dtype != torch.float32
+        # the kernels have no autograd formula: a forward that records a graph (training heads through
+        # the frozen LM head) takes F.linear, whose gradient is exact
+        records = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        if (rows == 0 or records or x.device.type != "cpu" or x.dtype != torch.float32
                 or self.weight.dtype != torch.float32 or not self.weight.is_contiguous()  # K-major: slow here
                 or torch.compiler.is_compiling()):
             return F.linear(x, self.weight, self.bias)
         x2 = x.reshape(rows, x.shape[-1])
-        if (tiled_cpu.applies(rows, x2, self.weight)
-                and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
-            # the product comes out in the layout its readers want (no autograd formula: training takes MKL)
+        if tiled_cpu.applies(rows, x2, self.weight):  # the product comes out in the layout its readers want
             y = tiled_cpu.linear(x2, self.weight, self.bias, row_major_out=not self.column_major_out)
             return (y.t() if self.column_major_out else y).reshape(*x.shape[:-1], self.out_features)
         if skinny_cpu.applies(rows, x2, self.weight):
@@ -97,7 +98,7 @@ class SkinnyLinear(nn.Linear):
             x2 = torch.cat([x2, x2.new_zeros(padded - rows, x2.shape[1])])
         if self.column_major_out and padded == rows:
             y = (self.weight @ x2.t()).t()
-        elif self.out_features > OUT_BLOCK and padded == rows and not torch.is_grad_enabled():  # mm(out=)
+        elif self.out_features > OUT_BLOCK and padded == rows:
             y = blocked_product(x2, self.weight)
         else:
             y = (self.weight @ x2.t()).t()[:rows].contiguous()
