@@ -40,7 +40,8 @@ prefill step, the LM head) a register-tiled kernel (kernels/cpu/tiled_f32.cpp, k
 runs instead of MKL: it reads W in place and prefetches the next tile, where MKL, whose W streams
 from memory in a decode step, packs it without looking ahead and loses ~15%. It writes either
 layout directly, so neither the transposed view nor the blocks above are needed where it runs;
-they remain the path where it cannot be built (MINILLM_TILED=mkl) and when autograd records.
+they remain the path where it cannot be built (MINILLM_TILED=mkl). Neither kernel has an autograd
+formula, so a forward that records a graph takes F.linear.
 
 Values are the same products (each output a dot product over `in`), only the
 kernel differs (and so the order of the float sums). Used in eager mode, and for
