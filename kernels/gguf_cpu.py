@@ -25,6 +25,7 @@ import os
 import platform
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -117,6 +118,25 @@ def build_extension(source: Path, prefix: str, label: str, flags: tuple[str, ...
     for old in build_dir.parent.glob(f"{prefix}_{label}_*"):  # builds of older sources: never loaded again
         if old != build_dir:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def build_and_load(source: Path, namespace: str, fakes: dict[str, Callable] | None = None):
+    """Build `source` for this CPU (ATEN_CPU_CAPABILITY's instruction set, OpenMP), load it, register each
+    op's fake (shape-only) implementation for torch.compile once, and return torch.ops.<namespace>.
+    The build-and-load of the CPU float kernels and the paged attention; raises GGUFKernelUnavailable."""
+    label, flags = isa_flags()
+    build_extension(source, namespace, label, (*flags, "-fopenmp"))
+    for op, fake in (fakes or {}).items():
+        try:
+            torch.library.register_fake(f"{namespace}::{op}")(fake)
+        except (RuntimeError, AttributeError):  # already registered in this process
+            pass
+    return getattr(torch.ops, namespace)
+
+
+def turned_off(variable: str, value: str) -> bool:
+    """Whether the environment turns a kernel off (e.g. MINILLM_SKINNY=mkl): its caller's fallback runs."""
+    return os.environ.get(variable, "").lower() == value
 
 
 def loads_or_warns(load, fallback: str) -> bool:

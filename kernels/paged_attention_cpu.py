@@ -12,7 +12,6 @@ flags, same cache folder, ``ATEN_CPU_CAPABILITY`` selects the instruction set).
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import torch
@@ -26,10 +25,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 @functools.cache
 def load():
     """torch.ops.minillm_attn, or GGUFKernelUnavailable with the reason (no compiler, build error)."""
-    label, flags = gguf_cpu.isa_flags()
-    gguf_cpu.build_extension(SOURCE, "minillm_attn", label, (*flags, "-fopenmp"))
-    _register_fake()
-    return torch.ops.minillm_attn
+    return gguf_cpu.build_and_load(SOURCE, "minillm_attn", {"paged_decode": _paged_decode_shape})
 
 
 _ready = False  # set once the kernel loaded; read by traced code, so a compiled graph never builds
@@ -39,7 +35,7 @@ _ready = False  # set once the kernel loaded; read by traced code, so a compiled
 def available() -> bool:
     """Build/load once (call it eagerly); False where the build fails: the torch path runs, and says why once."""
     global _ready
-    if os.environ.get("MINILLM_CPU_ATTENTION", "").lower() == "torch":
+    if gguf_cpu.turned_off("MINILLM_CPU_ATTENTION", "torch"):
         return False
     _ready = gguf_cpu.loads_or_warns(load, "CPU paged attention unavailable, gathering K/V in PyTorch instead")
     return _ready
@@ -56,10 +52,5 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     return torch.ops.minillm_attn.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window or 0)
 
 
-def _register_fake() -> None:
-    try:
-        @torch.library.register_fake("minillm_attn::paged_decode")
-        def _(q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):
-            return torch.empty_like(q, memory_format=torch.contiguous_format)
-    except (RuntimeError, AttributeError):  # already registered in this process
-        pass
+def _paged_decode_shape(q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):  # for torch.compile
+    return torch.empty_like(q, memory_format=torch.contiguous_format)

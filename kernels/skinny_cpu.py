@@ -20,7 +20,6 @@ a portable C++ path beside it). Built like the GGUF kernels (same flags, same ca
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import torch
@@ -35,17 +34,14 @@ _ready = False  # set once the kernel loaded; read by traced code, so a compiled
 
 def load():
     """torch.ops.minillm_skinny, or GGUFKernelUnavailable with the reason (no compiler, build error)."""
-    label, flags = gguf_cpu.isa_flags()
-    gguf_cpu.build_extension(SOURCE, "minillm_skinny", label, (*flags, "-fopenmp"))
-    _register_fake()
-    return torch.ops.minillm_skinny
+    return gguf_cpu.build_and_load(SOURCE, "minillm_skinny", {"linear": _linear_shape})
 
 
 @functools.cache
 def available() -> bool:
     """Build/load once (call it eagerly); False where the build fails or MINILLM_SKINNY=mkl: MKL runs instead."""
     global _ready
-    if os.environ.get("MINILLM_SKINNY", "").lower() == "mkl":
+    if gguf_cpu.turned_off("MINILLM_SKINNY", "mkl"):
         return False
     _ready = gguf_cpu.loads_or_warns(load, "few-row float32 linear unavailable, using MKL")
     return _ready
@@ -63,10 +59,5 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return torch.ops.minillm_skinny.linear(x, weight, bias, portable)
 
 
-def _register_fake() -> None:
-    try:
-        @torch.library.register_fake("minillm_skinny::linear")
-        def _(x, weight, bias=None, portable=False):
-            return x.new_empty((x.shape[0], weight.shape[0]))
-    except (RuntimeError, AttributeError):  # already registered in this process
-        pass
+def _linear_shape(x, weight, bias=None, portable=False):  # for torch.compile: the output's shape only
+    return x.new_empty((x.shape[0], weight.shape[0]))

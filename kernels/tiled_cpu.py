@@ -24,7 +24,6 @@ below, and MKL above. Built like the GGUF kernels (same flags, same cache folder
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import torch
@@ -40,17 +39,14 @@ _ready = False  # set once the kernel loaded; read by traced code, so a compiled
 
 def load():
     """torch.ops.minillm_tiled, or GGUFKernelUnavailable with the reason (no compiler, build error)."""
-    label, flags = gguf_cpu.isa_flags()
-    gguf_cpu.build_extension(SOURCE, "minillm_tiled", label, (*flags, "-fopenmp"))
-    _register_fake()
-    return torch.ops.minillm_tiled
+    return gguf_cpu.build_and_load(SOURCE, "minillm_tiled", {"linear": _linear_shape})
 
 
 @functools.cache
 def available() -> bool:
     """Build/load once (call it eagerly); False where the build fails or MINILLM_TILED=mkl: MKL runs instead."""
     global _ready
-    if os.environ.get("MINILLM_TILED", "").lower() == "mkl":
+    if gguf_cpu.turned_off("MINILLM_TILED", "mkl"):
         return False
     _ready = gguf_cpu.loads_or_warns(load, "batched float32 linear unavailable, using MKL")
     return _ready
@@ -76,11 +72,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return torch.ops.minillm_tiled.linear(x, weight, bias, row_major_out)
 
 
-def _register_fake() -> None:
-    try:
-        @torch.library.register_fake("minillm_tiled::linear")
-        def _(x, weight, bias=None, row_major_out=True):
-            shape = (x.shape[0], weight.shape[0]) if row_major_out else (weight.shape[0], x.shape[0])
-            return x.new_empty(shape)
-    except (RuntimeError, AttributeError):  # already registered in this process
-        pass
+def _linear_shape(x, weight, bias=None, row_major_out=True):  # for torch.compile: the output's shape only
+    shape = (x.shape[0], weight.shape[0]) if row_major_out else (weight.shape[0], x.shape[0])
+    return x.new_empty(shape)
