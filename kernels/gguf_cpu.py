@@ -134,9 +134,10 @@ def build_and_load(source: Path, namespace: str, fakes: dict[str, Callable] | No
     return getattr(torch.ops, namespace)
 
 
-def turned_off(variable: str, value: str) -> bool:
-    """Whether the environment turns a kernel off (e.g. MINILLM_SKINNY=mkl): its caller's fallback runs."""
-    return os.environ.get(variable, "").lower() == value
+def loads_unless_turned_off(variable: str, off: str, load, fallback: str) -> bool:
+    """False where the environment turns the kernel off (e.g. MINILLM_SKINNY=mkl), else loads_or_warns:
+    the `available()` of the few-row, tiled and paged-attention kernels, whose callers fall back."""
+    return os.environ.get(variable, "").lower() != off and loads_or_warns(load, fallback)
 
 
 def loads_or_warns(load, fallback: str) -> bool:

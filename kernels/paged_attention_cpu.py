@@ -35,9 +35,8 @@ _ready = False  # set once the kernel loaded; read by traced code, so a compiled
 def available() -> bool:
     """Build/load once (call it eagerly); False where the build fails: the torch path runs, and says why once."""
     global _ready
-    if gguf_cpu.turned_off("MINILLM_CPU_ATTENTION", "torch"):
-        return False
-    _ready = gguf_cpu.loads_or_warns(load, "CPU paged attention unavailable, gathering K/V in PyTorch instead")
+    _ready = gguf_cpu.loads_unless_turned_off("MINILLM_CPU_ATTENTION", "torch", load,
+                                              "CPU paged attention unavailable, gathering K/V in PyTorch instead")
     return _ready
 
 

@@ -41,9 +41,8 @@ def load():
 def available() -> bool:
     """Build/load once (call it eagerly); False where the build fails or MINILLM_SKINNY=mkl: MKL runs instead."""
     global _ready
-    if gguf_cpu.turned_off("MINILLM_SKINNY", "mkl"):
-        return False
-    _ready = gguf_cpu.loads_or_warns(load, "few-row float32 linear unavailable, using MKL")
+    _ready = gguf_cpu.loads_unless_turned_off("MINILLM_SKINNY", "mkl", load,
+                                              "few-row float32 linear unavailable, using MKL")
     return _ready
 
 

@@ -121,9 +121,10 @@ void tile(const float* w, int64_t k, int64_t k0, int64_t k1, const float* xt, co
     }
   }
   const float* wt = w + o * k;
+  // one prefetch round per 16 steps fetches lines_per_step lines of each next-tile row: the whole tile over this pass
+  const int64_t lines_per_step = (k + (k1 - k0) - 1) / (k1 - k0);
   for (int64_t t = k0; t < k1; ++t) {
-    if (w_next && (t & 15) == 0) {  // one cache line of each next-tile row per 16 steps: the whole tile over this pass
-      const int64_t lines_per_step = (k + (k1 - k0) - 1) / (k1 - k0);
+    if (w_next && (t & 15) == 0) {
       for (int64_t i = 0; i < next_rows; ++i)
         for (int64_t s = 0; s < lines_per_step; ++s) {
           const int64_t at = (t - k0) * lines_per_step + s * 16;
@@ -184,8 +185,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "x [M, K] and weight [N, K]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "float32 only");
   TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous [N, K]");
-  const at::Tensor& xc = x;  // any strides: packing reads them
-  const int64_t m = xc.size(0), k = xc.size(1), n = weight.size(0);
+  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);  // x: any strides (packing reads them)
   const float* b = nullptr;
   at::Tensor bc;
   if (bias.has_value() && bias->defined()) {
@@ -193,12 +193,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
     TORCH_CHECK(bc.scalar_type() == at::kFloat && bc.numel() == n, "bias [N] float32");
     b = bc.data_ptr<float>();
   }
-  at::Tensor y = row_major_out ? at::empty({m, n}, xc.options()) : at::empty({n, m}, xc.options());
+  at::Tensor y = row_major_out ? at::empty({m, n}, x.options()) : at::empty({n, m}, x.options());
   if (m == 0 || n == 0) return y;
   const int64_t blocks = (m + RB - 1) / RB;
-  at::Tensor xt = at::empty({blocks * k * RB}, xc.options());
-  const float* xp = xc.data_ptr<float>();
-  const int64_t sr = xc.stride(0), st = xc.stride(1);
+  at::Tensor xt = at::empty({blocks * k * RB}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const int64_t sr = x.stride(0), st = x.stride(1);
   float* xtp = xt.data_ptr<float>();
   at::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t bl = lo; bl < hi; ++bl)

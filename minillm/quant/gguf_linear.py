@@ -70,7 +70,7 @@ class GGUFLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # one op for the whole layer: activation quantized once per block size, every part's rows, the bias
-        y = torch.ops.minillm_gguf.linear(x.reshape(-1, self.in_features).contiguous(), self.blocks(), self.type_ids, self.bias)
+        y = torch.ops.minillm_gguf.linear(x.reshape(-1, self.in_features), self.blocks(), self.type_ids, self.bias)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def blocks(self) -> list[torch.Tensor]:
