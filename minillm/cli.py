@@ -284,7 +284,8 @@ def cmd_train_medusa(a: argparse.Namespace) -> int:
     cfg = MedusaTrainConfig(kind=a.kind, num_heads=a.num_heads, num_chat_prompts=a.num_prompts,
                             num_topic_questions=a.num_topic_questions,
                             num_general_questions=a.num_general_questions, max_new_tokens=a.max_new_tokens,
-                            epochs=a.epochs, lr=a.lr, seed=a.seed, max_train_seconds=a.max_train_seconds)
+                            epochs=a.epochs, lr=a.lr, seed=a.seed, max_train_seconds=a.max_train_seconds,
+                            distill=a.distill, feature_weight=a.feature_weight)
     loaded = load_model(a.model)
     heads, report = train_heads(loaded.model, loaded.tokenizer, loaded.eos_token_ids, cfg,
                                 log=lambda s: print(s, file=sys.stderr, flush=True))
@@ -354,11 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--num-prompts", type=int, default=96, help="pydoc passages asked about (code heads come on top)")
     t.add_argument("--num-topic-questions", type=int, default=64, help="short questions about pydoc topic names")
     t.add_argument("--num-general-questions", type=int, default=124,
-                   help="everyday chat questions (how things work, tips, how-tos; 124 in all)")
+                   help="everyday chat questions (how things work, tips, how-tos; 492 in all)")
     t.add_argument("--max-new-tokens", type=int, default=96)
     t.add_argument("--epochs", type=int, default=2)
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--max-train-seconds", type=float, default=None)
+    t.add_argument("--distill", action="store_true",
+                   help="learn the base model's whole next-token distribution, not only its chosen token")
+    t.add_argument("--feature-weight", type=float, default=0.0,
+                   help="also regress each head's state onto the base model's own (EAGLE's feature loss), this weight")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(fn=cmd_train_medusa)
     from minillm.bench.cli import subcommands

@@ -164,14 +164,16 @@ def test_heads_file_round_trip_and_errors(tmp_path):
 
 @pytest.mark.default_model
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["medusa", "hydra"])
-def test_training_teaches_the_heads_the_default_models_own_continuations(default_model, kind):
+@pytest.mark.parametrize("kind, loss", [("medusa", {}), ("hydra", {}),
+                                        ("hydra", {"distill": True, "feature_weight": 0.1})])
+def test_training_teaches_the_heads_the_default_models_own_continuations(default_model, kind, loss):
     # a short run of the real recipe (its own greedy answers, frozen base): head 1's held-out top-1
     # must beat an untrained head's (which repeats the LM head's guess for t + 1), and training
-    # loss must fall. (A random tiny model's text has no structure to learn.)
+    # loss must fall. (A random tiny model's text has no structure to learn.) The third case learns
+    # the base model's whole distribution and regresses onto its states (--distill --feature-weight).
     m = default_model
     cfg = MedusaTrainConfig(kind=kind, num_heads=2, num_chat_prompts=16, num_general_questions=24, max_new_tokens=40, epochs=3,
-                            batch_positions=48, lr=3e-3, holdout=0.2)
+                            batch_positions=48, lr=3e-3, holdout=0.2, **loss)
     heads, report = train_heads(m.model, m.tokenizer, m.eos_token_ids, cfg, log=lambda s: None)
     assert report.num_train_positions > 400 and report.steps > 20
     first, last = report.loss_curve[0][1], report.loss_curve[-1][1]
@@ -186,13 +188,16 @@ def test_training_teaches_the_heads_the_default_models_own_continuations(default
 def test_training_prompts_stay_off_the_measured_chat_prompts():
     # the heads must be measured on questions they never saw, about subjects they never saw
     from minillm.bench.spec import CHAT, COMPLETE
-    from minillm.spec_decode.medusa_prompts import BENCH_SUBJECTS, CODE_HEADS, general_questions
+    from minillm.spec_decode.medusa_prompts import BENCH_SUBJECTS, CODE_HEADS, GENERAL_QUESTIONS, general_questions
 
     notebook_chat = ("Why is the sky blue?", "Give me three tips for sleeping better.")
     for q in CHAT + notebook_chat:
         assert any(s.lower() in q.lower() for s in BENCH_SUBJECTS), q  # the list names every measured subject
     questions = general_questions()
-    assert len(questions) == len(set(questions)) >= 100
+    assert len(questions) == len(set(questions)) >= 450
+    # the first table's questions come first, so the shipped heads' recorded commands still ask the same ones
+    first = {tpl.format(x) for tpl, subjects in GENERAL_QUESTIONS for x in subjects}
+    assert set(questions[:len(first)]) == first
     for q in questions:
         assert not any(s.lower() in q.lower() for s in BENCH_SUBJECTS), q
     trained_functions = {sig.split("(")[0] for sig, _ in CODE_HEADS}
@@ -200,7 +205,25 @@ def test_training_prompts_stay_off_the_measured_chat_prompts():
         assert not any(f"def {f}(" in c for f in trained_functions), c
 
 
+def test_head_targets_hand_each_guess_the_base_state_that_ranked_it():
+    # row t's head i must learn x_{t+i+1}, and (--distill, --feature-weight) the state h_{t+i} that ranked it
+    from minillm.spec_decode.medusa_train import head_targets
+
+    ids, plen, k = list(range(100, 112)), 4, 2
+    h = torch.arange(len(ids), dtype=torch.float32)[:, None].repeat(1, 3)  # h_t = t in every lane
+    hs, ys, nexts = head_targets([(ids, plen)], [h], k, with_next=True)
+    t = hs[:, 0].long()
+    assert t.tolist() == list(range(plen - 1, len(ids) - 1 - k))  # every generated position with all targets
+    for i in range(k + 1):
+        assert ys[:, i].tolist() == [ids[x + 1 + i] for x in t.tolist()]
+    for i in range(k):
+        assert nexts[:, i, 0].long().tolist() == (t + 1 + i).tolist()
+    assert len(head_targets([(ids, plen)], [h], k)) == 2
+
+
 def test_training_rejects_an_unknown_kind_before_generating():
     # the check comes before minutes of generation (no tokenizer is needed to fail)
     with pytest.raises(ValueError, match="kind must be one of"):
         train_heads(tiny_model(seed=1, vocab=VOCAB), None, [], MedusaTrainConfig(kind="eagle"))
+    with pytest.raises(ValueError, match="feature_weight"):
+        train_heads(tiny_model(seed=1, vocab=VOCAB), None, [], MedusaTrainConfig(feature_weight=-1.0))

@@ -94,16 +94,133 @@ GENERAL_QUESTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "octopuses", "the human brain", "Mount Everest", "honeybees", "the Pacific Ocean", "elephants",
         "volcanoes", "ancient Egypt", "penguins", "the Moon")),
 )
+# more of the same kinds, appended after GENERAL_QUESTIONS' own so that the first 124 questions stay the ones the
+# shipped heads were trained on (their metadata's --num-general-questions 124 reproduces them)
+MORE_GENERAL_QUESTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Explain how {} works.", (
+        "a dishwasher", "a smoke detector", "a washing machine", "a hot air balloon", "a submarine", "a touchscreen",
+        "a pressure cooker", "a toaster", "a barcode scanner", "an air conditioner", "a helicopter", "a lock and key",
+        "the human kidney", "a sailboat")),
+    ("Give me three tips for {}.", (
+        "writing a clear email", "running a small business", "organizing a closet", "learning to draw",
+        "reducing food waste", "hiking safely", "negotiating a salary", "keeping a long-distance friendship strong",
+        "training for a 5K race", "packing a suitcase", "teaching a child to read", "staying motivated at the gym",
+        "managing stress before a deadline")),
+    ("Why do {}?", (
+        "cats knead with their paws", "people blush", "ice cubes float in water", "apples turn brown after being cut",
+        "owls hunt at night", "people get goosebumps", "snakes shed their skin", "tides rise and fall",
+        "fireflies glow", "chameleons change color", "some people have freckles", "dogs pant", "muscles cramp",
+        "roosters crow in the morning")),
+    ("What is {} and why is it important?", (
+        "the Renaissance", "the Magna Carta", "the carbon cycle", "an emergency fund", "the United Nations",
+        "the Rosetta Stone", "the Gulf Stream", "the food chain", "the periodic table", "the Internet", "pollination",
+        "the Mississippi River", "antibiotic resistance")),
+    ("How do I {}?", (
+        "unclog a kitchen sink", "make a simple tomato sauce", "hang a picture straight", "prepare for a long hike",
+        "set up a home Wi-Fi network", "iron a dress shirt", "write a polite complaint letter", "repot a houseplant",
+        "make homemade pizza dough", "choose a good watermelon", "patch a small hole in a wall",
+        "teach my dog to come when called", "open a savings account")),
+    ("What are the benefits of {}?", (
+        "learning a second language", "gardening", "practicing yoga", "cooking at home", "having a pet",
+        "stretching before exercise", "spending time in nature", "composting kitchen scraps", "playing chess",
+        "taking the stairs", "eating breakfast", "doing puzzles")),
+    ("Describe {} in a few sentences.", (
+        "the Grand Canyon", "a busy street market", "the Amazon River", "a lighthouse on a rocky coast",
+        "the city of Rome", "a snowy mountain village", "the Great Wall of China", "a hummingbird",
+        "a tropical rainforest", "the inside of a bakery", "a total solar eclipse", "the Arctic tundra")),
+    ("What is the difference between {}?", (
+        "a hurricane and a tornado", "a fruit and a vegetable", "an ape and a monkey", "a stock and a bond",
+        "weight and mass", "a debit card and a credit card", "a rabbit and a hare", "a cold and the flu",
+        "a mountain and a hill", "a violin and a viola", "a cappuccino and a latte", "a dolphin and a porpoise")),
+    ("Write a short {}.", (
+        "poem about a rainy afternoon", "story about a dragon who is afraid of heights",
+        "birthday message for a grandmother", "poem about the first snow of winter",
+        "note apologizing for missing a meeting", "story about two friends on a road trip",
+        "review of a cozy neighborhood café", "speech for a friend's wedding", "poem about a city at night",
+        "welcome message for new club members", "story about a cat who becomes a detective",
+        "farewell note to a coworker", "haiku about spring")),
+    ("Tell me some interesting facts about {}.", (
+        "sharks", "giraffes", "the planet Jupiter", "ancient Rome", "the human skeleton", "dolphins", "Antarctica",
+        "ants", "the Great Pyramid of Giza", "owls", "coffee", "Iceland")),
+    ("What should I know before {}?", (
+        "adopting a dog", "buying a used car", "moving to a new country", "starting a new job",
+        "renting my first apartment", "going on a camping trip", "running a half marathon", "getting a tattoo",
+        "taking out a student loan", "learning to drive", "traveling to Japan", "hosting a dinner party",
+        "planting a fruit tree", "starting a podcast", "quitting my job", "buying a laptop", "climbing a mountain",
+        "going scuba diving", "painting a room", "joining a gym")),
+    ("Can you suggest some ideas for {}?", (
+        "a rainy weekend at home", "a child's birthday party", "a picnic lunch", "a school science fair project",
+        "a small balcony garden", "a family game night", "a budget-friendly date", "a thank-you gift for a neighbor",
+        "decorating a tiny kitchen", "a short story plot", "a team-building activity at work",
+        "a healthy packed lunch", "a summer road trip", "a fundraising event", "a beginner woodworking project",
+        "a homemade holiday card", "keeping kids busy during a long trip", "a themed costume party",
+        "a weekend in the countryside", "a book club discussion")),
+    ("How can I improve {}?", (
+        "my handwriting", "my cooking skills", "my posture at the desk", "my running speed", "my memory",
+        "my vocabulary", "my credit score", "my chess game", "the soil in my garden", "my time management",
+        "my singing voice", "my drawing skills", "the air quality in my home", "my typing speed",
+        "my listening skills", "the battery life of my phone", "my swimming technique", "my photography",
+        "my essay writing", "my relationship with my coworkers")),
+    ("What causes {}?", (
+        "earthquakes", "thunder", "the seasons", "ocean waves", "tooth decay", "allergies", "inflation", "a headache",
+        "the northern lights", "fog", "rust on iron", "volcanic eruptions", "hail", "a fever", "jet lag",
+        "static electricity", "traffic jams", "muscle soreness after exercise", "droughts", "acid rain")),
+    ("Compare {} in a short paragraph.", (
+        "cats and dogs as pets", "trains and planes for long trips", "renting and buying a home", "tea and coffee",
+        "e-books and paper books", "city life and country life", "running and swimming as exercise",
+        "public and private schools", "electric cars and gasoline cars", "laptops and tablets",
+        "the piano and the guitar for beginners", "working from home and working in an office",
+        "summer and winter holidays", "soccer and basketball", "oil paint and watercolor", "saving and investing",
+        "the Arctic and the Antarctic", "wolves and coyotes", "baking and frying", "podcasts and audiobooks")),
+    ("Summarize the history of {} briefly.", (
+        "the bicycle", "chocolate", "the telephone", "paper money", "aviation", "jazz music", "the Roman alphabet",
+        "vaccines", "the Panama Canal", "tea", "the automobile", "photography", "basketball", "the Vikings",
+        "ancient Greece", "the Byzantine Empire", "space exploration", "the piano", "pizza", "the Red Cross")),
+    ("What are common mistakes when {}?", (
+        "learning to cook", "buying a house", "writing a resume", "planting a garden", "starting a business",
+        "learning to play guitar", "training a puppy", "lifting weights", "painting a wall", "applying for a loan",
+        "planning a wedding", "taking notes in class", "traveling abroad", "investing in stocks", "baking bread",
+        "learning a foreign language", "writing an essay", "caring for a cat", "giving a presentation",
+        "washing clothes")),
+    ("Explain {} to a ten-year-old.", (
+        "gravity", "electricity", "how money works", "the solar system", "why we have laws",
+        "what a computer program is", "evolution", "how plants grow", "the internet", "what atoms are",
+        "how the heart pumps blood", "recycling", "how airplanes fly", "what germs are", "the food pyramid",
+        "why the Moon has phases", "how volcanoes form", "what a government does", "magnets", "fractions")),
+    ("Recommend a simple recipe for {}.", (
+        "a vegetable soup", "banana bread", "a quick weeknight pasta", "homemade granola", "a lentil curry",
+        "chocolate chip cookies", "a Greek salad", "fried rice", "guacamole", "a fruit smoothie",
+        "roasted vegetables", "a chicken stir-fry", "oatmeal for breakfast", "hummus", "a tomato omelette",
+        "apple crumble", "a bean chili", "lemonade", "potato salad", "a vegetarian sandwich")),
+    ("What is a good way to {}?", (
+        "learn to code", "meet new people", "organize my bookshelf", "remember people's names", "pay off debt",
+        "get started with running", "keep a garden watered while on holiday",
+        "practice a musical instrument every day", "decorate a small room", "teach kids about money",
+        "store fresh herbs", "learn world geography", "celebrate a friend's promotion", "cut down on sugar",
+        "spend a free afternoon", "thank a mentor", "reduce plastic at home", "prepare for a driving test",
+        "study a new subject on my own", "make a long flight more comfortable")),
+    ("List the pros and cons of {}.", (
+        "owning a car", "working part-time while studying", "living in a big city", "social media", "homeschooling",
+        "solar power", "nuclear energy", "online shopping", "a four-day work week", "freelancing",
+        "renting an apartment", "electric scooters", "school uniforms", "video games for children", "living abroad",
+        "having a roommate", "fast food", "wind farms", "self-checkout machines", "camping vacations")),
+    ("What is the best way to care for {}?", (
+        "a goldfish", "a leather jacket", "a wooden cutting board", "an orchid", "a hamster", "a bonsai tree",
+        "a cast iron skillet", "running shoes", "a new tattoo", "a pet rabbit", "a vegetable garden in summer",
+        "wool sweaters", "an acoustic guitar", "succulents", "a parrot", "hardwood floors", "a sourdough starter",
+        "an aging dog", "a newborn kitten", "silver jewelry")),
+)
 # the subjects of the chat prompts measured by `minillm bench spec` and notebook 09: never trained on
 BENCH_SUBJECTS = ("capital", "France", "rainbow", "sleep", "sky")
 
 
 def general_questions() -> list[str]:
     """Every everyday chat question, templates interleaved so that any prefix mixes them."""
-    per = [[tpl.format(s) for s in subjects] for tpl, subjects in GENERAL_QUESTIONS]
     out = []
-    for i in range(max(len(p) for p in per)):
-        out += [p[i] for p in per if i < len(p)]
+    for table in (GENERAL_QUESTIONS, MORE_GENERAL_QUESTIONS):  # the first table's questions first, as before
+        per = [[tpl.format(s) for s in subjects] for tpl, subjects in table]
+        for i in range(max(len(p) for p in per)):
+            out += [p[i] for p in per if i < len(p)]
     return out
 
 

@@ -16,6 +16,12 @@
    base model never changes; only the K residual blocks train (AdamW).
    Hydra heads (hydra_heads.py) also read the tokens before their target,
    teacher-forced: head i reads the true x_{t+1} .. x_{t+i}.
+5. With `distill`, the label is the base model's whole next-token
+   distribution at t + i (softmax of LM_head(h_{t+i})), not only the token it
+   chose: every wrong-but-likely token teaches too (Hydra++'s teacher loss).
+   With `feature_weight` w, head i's state also regresses onto h_{t+i}, the
+   state the base model itself ranks x_{t+i+1} with (EAGLE's feature loss,
+   smooth L1, weighted w against the token loss).
 
 A tenth of the sequences is held out: each head's top-1 accuracy there is the
 acceptance a chain of guesses can expect, and goes into the file's metadata
@@ -46,7 +52,7 @@ class MedusaTrainConfig:
     num_heads: int = 3
     num_chat_prompts: int = 96  # pydoc passages asked about
     num_topic_questions: int = 64  # short questions about pydoc topic names
-    num_general_questions: int = 124  # everyday chat questions (medusa_prompts.GENERAL_QUESTIONS; 124 in all)
+    num_general_questions: int = 124  # everyday chat questions (medusa_prompts.GENERAL_QUESTIONS; 492 in all)
     passage_chars: int = 360
     max_new_tokens: int = 96
     epochs: int = 2
@@ -56,6 +62,8 @@ class MedusaTrainConfig:
     holdout: float = 0.1
     seed: int = 0
     max_train_seconds: float | None = None  # stop the optimisation early (generation is not counted)
+    distill: bool = False  # soft labels: the base model's own distribution for the guessed token
+    feature_weight: float = 0.0  # weight of the regression of head i's state onto h_{t+i}
 
 
 @dataclass
@@ -105,10 +113,12 @@ def final_hidden(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor(ids, device=dev), torch.arange(n, device=dev), meta).float()
 
 
-def head_targets(seqs: list[tuple[list[int], int]], hiddens: list[torch.Tensor], num_heads: int):
+def head_targets(seqs: list[tuple[list[int], int]], hiddens: list[torch.Tensor], num_heads: int,
+                 with_next: bool = False):
     """(h_t, [token t+1, ..., t+K+1]) for every generated position with all K targets inside the sequence:
-    head i's target is column i (x_{t+i+1}); a Hydra head also reads columns 0 .. i-1."""
-    hs, ys = [], []
+    head i's target is column i (x_{t+i+1}); a Hydra head also reads columns 0 .. i-1. with_next: also
+    [h_{t+1}, ..., h_{t+K}] per position ([rows, K, hidden]), the base model's own states for those guesses."""
+    hs, ys, nexts = [], [], []
     for (ids, plen), h in zip(seqs, hiddens):
         ids_t = torch.tensor(ids)
         last = len(ids) - 2 - num_heads  # t + 1 + K <= len - 1
@@ -118,19 +128,50 @@ def head_targets(seqs: list[tuple[list[int], int]], hiddens: list[torch.Tensor],
         t = torch.arange(first, last + 1)
         hs.append(h[t])
         ys.append(torch.stack([ids_t[t + 1 + i] for i in range(num_heads + 1)], dim=1))
+        if with_next:
+            nexts.append(torch.stack([h[t + i] for i in range(1, num_heads + 1)], dim=1))
     if not hs:
-        return torch.empty(0), torch.empty(0, num_heads + 1, dtype=torch.long)
+        empty = torch.empty(0), torch.empty(0, num_heads + 1, dtype=torch.long)
+        return (*empty, torch.empty(0, num_heads, 0)) if with_next else empty
+    if with_next:
+        return torch.cat(hs), torch.cat(ys), torch.cat(nexts)
     return torch.cat(hs), torch.cat(ys)
+
+
+def head_states(model, heads: MedusaHeads, h: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+    """[K, rows, hidden]: each head's state; window [rows, K + 1] from head_targets."""
+    if isinstance(heads, HydraHeads):
+        return heads(h, model.embed_tokens(window[:, :-1].t()).to(h.dtype))
+    return heads(h)
+
+
+def lm_logits(model, x: torch.Tensor) -> torch.Tensor:
+    """States through the frozen LM head, float32 logits."""
+    return model.lm_head(x.to(model.lm_head.weight.dtype)).float() if isinstance(model.lm_head, nn.Linear) \
+        else model.compute_logits(x)
 
 
 def head_logits(model, heads: MedusaHeads, h: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
     """[K, rows, vocab] through the frozen LM head; window [rows, K + 1] from head_targets."""
-    if isinstance(heads, HydraHeads):
-        x = heads(h, model.embed_tokens(window[:, :-1].t()).to(h.dtype))
+    return lm_logits(model, head_states(model, heads, h, window))
+
+
+def head_loss(model, heads: MedusaHeads, cfg: "MedusaTrainConfig", h: torch.Tensor, y: torch.Tensor,
+              h_next: torch.Tensor | None) -> torch.Tensor:
+    """The training loss of one batch: cross-entropy on the tokens (or, with cfg.distill, on the base model's
+    distribution at t + i), plus cfg.feature_weight x smooth L1 of each head's state against h_{t+i}."""
+    z = head_states(model, heads, h, y)  # [K, b, hidden]
+    logits = lm_logits(model, z)
+    vocab = logits.shape[-1]
+    if cfg.distill:
+        with torch.no_grad():  # the teacher: the frozen base model's own next-token distribution
+            teacher = lm_logits(model, h_next.transpose(0, 1)).softmax(-1)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), teacher.reshape(-1, vocab))
     else:
-        x = heads(h)
-    return model.lm_head(x.to(model.lm_head.weight.dtype)).float() if isinstance(model.lm_head, nn.Linear) \
-        else model.compute_logits(x)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), y[:, 1:].t().reshape(-1))
+    if cfg.feature_weight:
+        loss = loss + cfg.feature_weight * nn.functional.smooth_l1_loss(z.float(), h_next.transpose(0, 1).float())
+    return loss
 
 
 def evaluate(model, heads: MedusaHeads, h: torch.Tensor, y: torch.Tensor, batch: int = 512) -> tuple[list[float], list[float]]:
@@ -150,6 +191,8 @@ def evaluate(model, heads: MedusaHeads, h: torch.Tensor, y: torch.Tensor, batch:
 def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) -> tuple[MedusaHeads, MedusaTrainReport]:
     if cfg.kind not in KINDS:  # before minutes of generation
         raise ValueError(f"kind must be one of {sorted(KINDS)}, got {cfg.kind!r}")
+    if not cfg.feature_weight >= 0:
+        raise ValueError(f"feature_weight must be >= 0, got {cfg.feature_weight}")
     torch.manual_seed(cfg.seed)
     report = MedusaTrainReport(asdict(cfg))
     t0 = time.perf_counter()
@@ -166,8 +209,9 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
     rng.shuffle(order)
     n_hold = max(1, int(len(seqs) * cfg.holdout))
     hold, train = [seqs[i] for i in order[:n_hold]], [seqs[i] for i in order[n_hold:]]
-    h_tr, y_tr = head_targets(train, [final_hidden(model, ids) for ids, _ in train], cfg.num_heads)
-    h_ho, y_ho = head_targets(hold, [final_hidden(model, ids) for ids, _ in hold], cfg.num_heads)
+    with_next = cfg.distill or bool(cfg.feature_weight)
+    h_tr, y_tr, *n_tr = head_targets(train, [final_hidden(model, ids) for ids, _ in train], cfg.num_heads, with_next)
+    h_ho, y_ho = head_targets(hold, [final_hidden(model, ids) for ids, _ in hold], cfg.num_heads)[:2]
     report.hidden_s = time.perf_counter() - t0
     report.num_train_positions = int(h_tr.shape[0])
     log(f"{h_tr.shape[0]} training positions, {h_ho.shape[0]} held out ({report.hidden_s:.0f} s of prefill)")
@@ -184,8 +228,7 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
         perm = torch.randperm(h_tr.shape[0])
         for s in range(0, h_tr.shape[0], cfg.batch_positions):
             idx = perm[s : s + cfg.batch_positions]
-            logits = head_logits(model, heads, h_tr[idx], y_tr[idx])  # [K, b, V]
-            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_tr[idx, 1:].t().reshape(-1))
+            loss = head_loss(model, heads, cfg, h_tr[idx], y_tr[idx], n_tr[0][idx] if n_tr else None)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
