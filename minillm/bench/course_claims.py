@@ -84,20 +84,30 @@ def check_serving_tradeoff(gains: list[float], costs: list[float], concurrency: 
 
 
 def check_calibration_domain(dppl: dict[tuple[str, str, str], float], methods: tuple[str, ...],
-                             min_gain: dict[str, float], noise: float = 0.5) -> None:
+                             min_gain: dict[str, float | None], noise: float = 0.5,
+                             rounding_noise: float = 1.5) -> None:
     """Notebook 08 (the source articles' calibration-domain pitfall): a quantizer calibrated on text
-    unlike the traffic loses more on that traffic.
+    unlike the traffic loses more on that traffic -- where its rounding is coarse enough to matter.
 
     dppl[(method, calibrated on, scored on)]: perplexity change vs float in %, for calibration and
-    scoring texts "prose" and "code". On code, the code-calibrated copy must lose at least
-    `min_gain[method]` points less than the prose-calibrated one; on prose, calibrating on code must
-    not win by more than `noise` points (the mismatch never helps)."""
+    scoring texts "prose" and "code". A method with a bound: on code, the code-calibrated copy must
+    lose at least `min_gain[method]` points less than the prose-calibrated one, and on prose calibrating
+    on code must not win by more than `noise` points (the mismatch never helps). A method with None
+    (w8a8: 8-bit weights and activations) is claimed insensitive: on either text the two copies differ
+    by less than `rounding_noise` points, the size of the swing that the float32 GEMM's rounding alone
+    gives it (notebook 08 states the measurement)."""
     for m in methods:
         gain = dppl[m, "prose", "code"] - dppl[m, "code", "code"]
+        won = dppl[m, "prose", "prose"] - dppl[m, "code", "prose"]
+        if min_gain[m] is None:
+            for text, d in (("code", gain), ("prose", won)):
+                assert abs(d) < rounding_noise, (
+                    f"{m}: on {text}, the calibration text moved perplexity by {d:+.2f} points, more than the "
+                    f"{rounding_noise} that rounding alone explains: the domain matters at this precision")
+            continue
         assert gain > min_gain[m], (
             f"{m}: on code, calibrating on code saved {gain:.2f} points of perplexity, not > {min_gain[m]} "
             f"(prose-calibrated {dppl[m, 'prose', 'code']:+.2f}%, code-calibrated {dppl[m, 'code', 'code']:+.2f}%)")
-        won = dppl[m, "prose", "prose"] - dppl[m, "code", "prose"]
         assert won < noise, f"{m}: on prose, calibrating on code won by {won:.2f} points: the mismatch helped?"
 
 
