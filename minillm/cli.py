@@ -273,6 +273,31 @@ def cmd_models(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_eagle(a: argparse.Namespace) -> int:
+    import shlex
+
+    import torch
+
+    from minillm.loader import load_model
+    from minillm.spec_decode.eagle_train import EagleTrainConfig, train_eagle
+
+    cfg = EagleTrainConfig(num_chat_prompts=a.num_prompts, num_topic_questions=a.num_topic_questions,
+                           num_general_questions=a.num_general_questions, max_new_tokens=a.max_new_tokens,
+                           epochs=a.epochs, lr=a.lr, feature_weight=a.feature_weight, noise=a.noise,
+                           max_train_seconds=a.max_train_seconds, seed=a.seed)
+    loaded = load_model(a.model)
+    layer, report = train_eagle(loaded.model, loaded.tokenizer, loaded.eos_token_ids, cfg,
+                                log=lambda s: print(s, file=sys.stderr, flush=True))
+    command = "minillm " + " ".join(shlex.quote(x) for x in sys.argv[1:]) if sys.argv[1:2] == ["train-eagle"] else \
+        f"minillm train-eagle --out {a.out}"
+    layer.save(a.out, base_model=str(a.model or "default (SmolLM2-135M-Instruct)"), command=command,
+               torch_version=torch.__version__)
+    print(f"wrote {a.out}: {report.num_train_positions} positions, {report.steps} steps, train {report.train_s:.0f} s "
+          f"(+ {report.generate_s:.0f} s generating, {report.hidden_s:.0f} s prefill); held-out first-guess top-1 "
+          f"{report.holdout_top1:.2f} (untrained {report.holdout_untrained_top1:.2f})")
+    return 0
+
+
 def cmd_train_medusa(a: argparse.Namespace) -> int:
     import shlex
 
@@ -366,6 +391,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="also regress each head's state onto the base model's own (EAGLE's feature loss), this weight")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(fn=cmd_train_medusa)
+    g = sub.add_parser("train-eagle", help="train an EAGLE draft layer (one decoder layer on the model's own features, "
+                                           "reading the context) from the model's own answers; writes a safetensors file")
+    g.add_argument("--model", default=None, help="the base model (default: SmolLM2-135M-Instruct)")
+    g.add_argument("--out", required=True, help="where to write the layer (.safetensors)")
+    g.add_argument("--num-prompts", type=int, default=96, help="pydoc passages asked about (code heads come on top)")
+    g.add_argument("--num-topic-questions", type=int, default=64, help="short questions about pydoc topic names")
+    g.add_argument("--num-general-questions", type=int, default=492, help="everyday chat questions (492 in all)")
+    g.add_argument("--max-new-tokens", type=int, default=96)
+    g.add_argument("--epochs", type=int, default=4)
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--feature-weight", type=float, default=1.0,
+                   help="weight of the feature regression (smooth L1 onto the base model's next state)")
+    g.add_argument("--noise", type=float, default=0.0,
+                   help="Gaussian noise on the input features, this fraction of their RMS")
+    g.add_argument("--max-train-seconds", type=float, default=None)
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(fn=cmd_train_eagle)
     from minillm.bench.cli import subcommands
 
     sub.add_parser("bench", help=f"benchmarks: minillm bench {{{','.join(subcommands())}}} --help")

@@ -40,6 +40,8 @@ def test_unknown_proposer_fails_before_loading_the_model():
     from minillm.bench.cli import main
 
     with pytest.raises(ValueError, match="unknown proposer"):
+        main(["spec", "--proposers", "lookahead", "--model", "/nonexistent.gguf"])
+    with pytest.raises(ValueError, match="eagle:FILE"):  # an EAGLE layer must be named: none ships
         main(["spec", "--proposers", "eagle", "--model", "/nonexistent.gguf"])
 
 

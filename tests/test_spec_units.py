@@ -17,7 +17,7 @@ from tests.helpers.engine_utils import random_prompts, run_to_completion, tiny_m
 
 
 @pytest.mark.parametrize("bad, match", [
-    ({"method": "eagle"}, "method must be one of"),
+    ({"method": "lookahead"}, "method must be one of"),
     ({"method": "medusa", "heads": 3}, "heads must be a path"),
     ({"num_tokens": 4}, "'method' is required"),
     ({"method": "ngram", "num_tokens": 0}, "num_tokens"),

@@ -165,7 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "draft:MODEL (a separate draft model with the target's tokenizer; draft:MODEL@N: its LM "
                           "head cut to the N most frequent tokens), medusa (the default model's "
                           "shipped heads), medusa:FILE or medusa-tree:3x2x1 (their top-k per head as a tree; k is its depth), "
-                          "hydra, hydra:FILE, hydra-tree:2x1 (Hydra heads, which also read the earlier guesses)")
+                          "hydra, hydra:FILE, hydra-tree:2x1 (Hydra heads, which also read the earlier guesses), "
+                          "eagle:FILE (an EAGLE layer from `minillm train-eagle`: one decoder layer on the "
+                          "target's features that reads the context); @N on medusa, hydra or eagle ranks guesses on N tokens' rows")
     spc.add_argument("--ks", type=int, nargs="+", default=list(range(1, 9)), help="draft lengths k to sweep")
     spc.add_argument("--workloads", nargs="+", choices=["chat", "repeat", "code"], default=["chat", "repeat", "code"])
     spc.add_argument("--quantization", default=None, help="the target's (and by default a draft model's) "

@@ -37,7 +37,7 @@ SPEC_BATCH1_SPEEDUP = ("spec_batch1_speedup",
 SPEC_DRAFT_MODEL_CODE = ("spec_draft_model_code_speedup",
                          "batch-1 decode tok/s with / without a separate draft model on code completion (best k)", 1.5)
 SPEC_MEDUSA_CHAT = ("spec_medusa_chat_speedup",
-                    "batch-1 decode tok/s with / without Medusa heads on chat (the best Medusa or Hydra proposer and k)", 1.3)
+                    "batch-1 decode tok/s with / without Medusa heads on chat (the best of the Medusa family -- Medusa, Hydra, EAGLE -- and k)", 1.3)
 
 CHAT = (
     "What is the capital of France and why is it famous?",
@@ -102,7 +102,8 @@ class Proposer:
     with @N (its guesses ranked on the N most frequent tokens' rows: draft_vocab=N), or
     medusa-tree:3x2x1 (the shipped heads' top-k per head verified as a tree: widths per depth; k is its depth);
     hydra, hydra:FILE, hydra-tree:2x1, with @N as Medusa's: Hydra heads (spec_decode/hydra.py), which also read
-    the tokens guessed before them."""
+    the tokens guessed before them; eagle:FILE, with @N as Medusa's: an EAGLE layer (spec_decode/eagle.py),
+    one decoder layer on the target's features that reads the context."""
 
     name: str
 
@@ -117,9 +118,11 @@ class Proposer:
         if self.name.startswith("self:") and self.name[5:].isdigit():
             return {"method": "draft", "model": "self", "num_layers": int(self.name[5:]), "num_tokens": 1}
         name, vocab = _vocab_suffix(self.name)
-        for kind in ("medusa", "hydra"):
+        for kind in ("medusa", "hydra", "eagle"):
             if name == kind or (name.startswith(kind + ":") and name[len(kind) + 1:].strip()):
                 heads = None if name == kind else name[len(kind) + 1:].strip()
+                if kind == "eagle" and heads is None:
+                    raise ValueError("proposer 'eagle' needs a layer file: eagle:FILE (`minillm train-eagle`)")
                 return {"method": kind, "heads": heads, "num_tokens": 1, **vocab}
         if self.name.startswith("draft:") and self.name[6:].strip():
             name, extra = self.name[6:].strip(), {}
@@ -130,7 +133,7 @@ class Proposer:
         if self.tree_widths is not None:
             return {"method": name.partition("-")[0], "tree": self.tree_widths, **vocab}
         raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N, draft:MODEL[@N][+compile], "
-                         f"medusa, medusa:FILE, medusa-tree:WxWx.. or the same with hydra")
+                         f"medusa, medusa:FILE, medusa-tree:WxWx.., the same with hydra, or eagle:FILE[@N]")
 
     @property
     def tree_widths(self) -> list[int] | None:
@@ -151,8 +154,10 @@ class Proposer:
 
     @property
     def is_medusa(self) -> bool:
-        """Heads on the target's hidden state: Medusa's, or Hydra's (Medusa heads that read earlier guesses)."""
-        return self.name.partition(":")[0].partition("@")[0] in ("medusa", "medusa-tree", "hydra", "hydra-tree")
+        """Drafts on the target's hidden state: Medusa's heads, Hydra's (Medusa heads that read earlier guesses),
+        or EAGLE's layer (which also reads the context)."""
+        return self.name.partition(":")[0].partition("@")[0] in ("medusa", "medusa-tree", "hydra", "hydra-tree",
+                                                                 "eagle")
 
 
 @dataclass

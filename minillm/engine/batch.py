@@ -78,6 +78,8 @@ class StepBatch:
     chunk_logits: list[tuple[int, int]]
     # per packed sequence: its draft tree's parents (its last 1 + N rows are the root and the nodes), or None
     tree_parents: list[list[int] | None] = field(default_factory=list)
+    # chunk i (in the scheduler's order) -> its first packed row (EAGLE's layer reads every kept row)
+    chunk_first_row: list[int] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -92,12 +94,13 @@ class StepBatch:
     def build(cls, chunks: list[ScheduledChunk]) -> "StepBatch":
         order = [i for i, c in enumerate(chunks) if c.num_query_tokens == 1]
         order += [i for i, c in enumerate(chunks) if c.num_query_tokens != 1]
-        b = cls([], [], [], [], [], [], [(0, 0)] * len(chunks), [])
+        b = cls([], [], [], [], [], [], [(0, 0)] * len(chunks), [], [0] * len(chunks))
         rows_of: dict[int, list[int]] = {}
         for i in order:
             c = chunks[i]
             start, end = c.num_computed_before, c.num_computed_before + c.num_new_tokens
             drafts = c.draft_token_ids
+            b.chunk_first_row[i] = len(b.token_ids)
             b.token_ids.extend(c.seq.token_ids[start:end])
             b.token_ids.extend(drafts)
             b.positions.extend(range(start, end))

@@ -81,6 +81,9 @@ class ModelRunner(Executor):
         self.compiled_decode = None
         self.compiled_logits = None
         self.last_hidden: torch.Tensor | None = None  # final hidden states of the last step's logit rows
+        # EAGLE's layer reads the final hidden state of every row the step ran, not only the logit rows
+        self.keep_all_hidden = False
+        self.last_all_hidden: torch.Tensor | None = None
         # more rows for the same LM-head product: given the logit rows' hidden states, a proposer (Medusa)
         # returns rows of its own or None; their logits land in last_extra_logits (else None)
         self.logit_extras: Callable[[torch.Tensor], torch.Tensor | None] | None = None
@@ -124,6 +127,7 @@ class ModelRunner(Executor):
             hidden = forward(torch.tensor(batch.token_ids, device=dev), torch.tensor(batch.positions, device=dev),
                              meta)
         self.last_extra_logits = None
+        self.last_all_hidden = hidden[: len(batch.token_ids)] if self.keep_all_hidden else None
         if not batch.logit_rows:
             return None
         compute_logits = self.model.compute_logits

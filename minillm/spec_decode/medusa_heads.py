@@ -20,6 +20,28 @@ import torch
 from torch import nn
 
 
+def save_module(module: nn.Module, path: str | Path, metadata: dict[str, str]) -> None:
+    """A small trained module's weights and string metadata as one safetensors file (heads, EAGLE's layer)."""
+    from safetensors.torch import save_file
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}, str(path), metadata=metadata)
+
+
+def read_module_file(path: str | Path, what: str, train_command: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """(metadata, tensors) of a file save_module wrote, with clear errors for a missing or unreadable one."""
+    from safetensors import safe_open
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what} file not found: {p} (train one with `{train_command}`)")
+    try:
+        with safe_open(str(p), "pt") as f:
+            return f.metadata() or {}, {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:
+        raise ValueError(f"{p}: not a readable {what} file ({type(e).__name__}: {e})") from e
+
+
 class ResBlock(nn.Module):
     def __init__(self, hidden: int) -> None:
         super().__init__()
@@ -54,27 +76,15 @@ class MedusaHeads(nn.Module):
 
     # ----- files ---------------------------------------------------------------------------
     def save(self, path: str | Path, **metadata) -> None:
-        from safetensors.torch import save_file
-
         meta = {**self.metadata, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}}
         meta.update(num_heads=str(self.num_heads), hidden_size=str(self.hidden_size), kind=self.kind)
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, str(path), metadata=meta)
+        save_module(self, path, meta)
 
     @classmethod
     def load(cls, path: str | Path, hidden_size: int | None = None) -> "MedusaHeads":
         """Medusa or Hydra heads, as the file's metadata says (files without a kind are Medusa's)."""
-        from safetensors import safe_open
-
         p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"Medusa heads file not found: {p} (train one with `minillm train-medusa`)")
-        try:
-            with safe_open(str(p), "pt") as f:
-                meta = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-        except Exception as e:
-            raise ValueError(f"{p}: not a readable Medusa heads file ({type(e).__name__}: {e})") from e
+        meta, tensors = read_module_file(p, "Medusa heads", "minillm train-medusa")
         n, h = int(meta.get("num_heads", 0)), int(meta.get("hidden_size", 0))
         if hidden_size is not None and h != hidden_size:
             raise ValueError(f"{p}: heads for hidden size {h}, the target's is {hidden_size} (another base model)")

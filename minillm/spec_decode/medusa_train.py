@@ -188,6 +188,36 @@ def evaluate(model, heads: MedusaHeads, h: torch.Tensor, y: torch.Tensor, batch:
     return r.mean(0).tolist(), r.cumprod(1).mean(0).tolist()
 
 
+def optimise(module: nn.Module, epoch_losses, epochs: int, num_batches: int, lr: float, weight_decay: float,
+             max_seconds: float | None, report, log) -> None:
+    """AdamW with a one-cycle schedule over `epochs` passes of epoch_losses() (a generator of batch losses,
+    shuffled anew each call); fills report.loss_curve (every 10 steps), report.steps and report.train_s."""
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay)
+    total_steps = max(1, epochs * num_batches)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total_steps, pct_start=0.1)
+    t0 = time.perf_counter()
+    step, running = 0, []
+    for epoch in range(epochs):
+        for loss in epoch_losses():
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            running.append(float(loss.detach()))
+            if step % 10 == 0 or step == total_steps:
+                report.loss_curve.append((step, sum(running) / len(running)))
+                running = []
+                log(f"epoch {epoch} step {step}/{total_steps} loss {report.loss_curve[-1][1]:.3f}")
+            if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+                break
+        else:
+            continue
+        break
+    report.steps = step
+    report.train_s = time.perf_counter() - t0
+
+
 def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) -> tuple[MedusaHeads, MedusaTrainReport]:
     if cfg.kind not in KINDS:  # before minutes of generation
         raise ValueError(f"kind must be one of {sorted(KINDS)}, got {cfg.kind!r}")
@@ -217,35 +247,17 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
     log(f"{h_tr.shape[0]} training positions, {h_ho.shape[0]} held out ({report.hidden_s:.0f} s of prefill)")
 
     heads = KINDS[cfg.kind](model.config.hidden_size, cfg.num_heads)
-    opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for p in model.parameters():
         p.requires_grad_(False)
-    total_steps = cfg.epochs * -(-h_tr.shape[0] // cfg.batch_positions)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=max(1, total_steps), pct_start=0.1)
-    t0 = time.perf_counter()
-    step, running = 0, []
-    for epoch in range(cfg.epochs):
+    num_batches = -(-h_tr.shape[0] // cfg.batch_positions)
+
+    def epoch_losses():
         perm = torch.randperm(h_tr.shape[0])
         for s in range(0, h_tr.shape[0], cfg.batch_positions):
             idx = perm[s : s + cfg.batch_positions]
-            loss = head_loss(model, heads, cfg, h_tr[idx], y_tr[idx], n_tr[0][idx] if n_tr else None)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-            running.append(float(loss.detach()))
-            if step % 10 == 0 or step == total_steps:
-                report.loss_curve.append((step, sum(running) / len(running)))
-                running = []
-                log(f"epoch {epoch} step {step}/{total_steps} loss {report.loss_curve[-1][1]:.3f}")
-            if cfg.max_train_seconds is not None and time.perf_counter() - t0 > cfg.max_train_seconds:
-                break
-        else:
-            continue
-        break
-    report.steps = step
-    report.train_s = time.perf_counter() - t0
+            yield head_loss(model, heads, cfg, h_tr[idx], y_tr[idx], n_tr[0][idx] if n_tr else None)
+
+    optimise(heads, epoch_losses, cfg.epochs, num_batches, cfg.lr, cfg.weight_decay, cfg.max_train_seconds, report, log)
     heads.eval()
     report.holdout_top1, report.holdout_chain_acceptance = evaluate(model, heads, h_ho, y_ho)
     report.holdout_untrained_top1, _ = evaluate(model, KINDS[cfg.kind](model.config.hidden_size, cfg.num_heads),

@@ -91,6 +91,8 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
         proposer = kind(runner, heads, cfg.tree_template, head)
         proposer.set_lookahead(cfg.num_lookahead_slots)
         return proposer
+    if cfg.method == "eagle":
+        return make_eagle_proposer(cfg, runner, tokenizer)
     if not cfg.builds_from_target:
         from minillm.spec_decode.draft_model import DraftModelProposer
         from minillm.spec_decode.draft_loading import load_draft
@@ -105,3 +107,36 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
     cfg.validate(n)
     draft = target if cfg.model == "self" else quantized_copy(target, cfg.model)
     return DraftProposer(runner, draft, tuple(range(cfg.num_layers or n)))
+
+
+def make_eagle_proposer(cfg: SpeculativeConfig, runner, tokenizer) -> Proposer:
+    from minillm.engine.model_runner import ModelRunner
+    from minillm.spec_decode.eagle import EagleProposer
+    from minillm.spec_decode.eagle_layer import EagleLayer
+    from minillm.spec_decode.medusa import embedding_fingerprint
+
+    if not isinstance(runner, ModelRunner):
+        raise ValueError("speculative method 'eagle' reads the target's hidden states, which one process does; "
+                         "run it without tensor or pipeline parallelism")
+    target = runner.model
+    if isinstance(cfg.heads, str):
+        path = cfg.heads
+        layer = EagleLayer.load(path, target.config)
+        trained_on = layer.metadata.get("base_fingerprint")
+        if trained_on is not None and trained_on != embedding_fingerprint(target):
+            raise ValueError(f"EAGLE layer {path} was trained on another base model "
+                             f"({layer.metadata.get('base_model', trained_on)}); train one for this model "
+                             "with `minillm train-eagle`")
+    else:
+        layer = cfg.heads
+    if not isinstance(layer, EagleLayer):
+        raise ValueError(f"speculative method 'eagle' needs an EAGLE layer, got {getattr(layer, 'kind', type(layer).__name__)}")
+    head = None
+    if cfg.draft_vocab is not None:
+        from minillm.spec_decode.draft_vocab import kept_tokens, restricted_head
+
+        vocab = target.config.vocab_size
+        head = restricted_head(target.lm_head, kept_tokens(tokenizer, vocab, cfg.draft_vocab), vocab)
+    proposer = EagleProposer(runner, layer, head)
+    proposer.set_lookahead(cfg.num_lookahead_slots)
+    return proposer

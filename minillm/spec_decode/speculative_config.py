@@ -6,8 +6,10 @@ from typing import Any
 
 import torch
 
-METHODS = ("ngram", "draft", "medusa", "hydra")
+METHODS = ("ngram", "draft", "medusa", "hydra", "eagle")
 HEAD_METHODS = ("medusa", "hydra")  # trained heads on the target's own hidden state
+# trained drafts that read the target's hidden states: Medusa's and Hydra's heads, EAGLE's layer
+FEATURE_METHODS = HEAD_METHODS + ("eagle",)
 DRAFT_MODELS = ("int4", "int8", "self")
 MAX_NUM_TOKENS = 16
 MAX_TREE_NODES = 64
@@ -17,7 +19,8 @@ MAX_TREE_NODES = 64
 class SpeculativeConfig:
     """method: "ngram" (prompt lookup), "draft" (a cheaper model proposes), "medusa" (heads on the
       target's hidden state, spec_decode/medusa.py) or "hydra" (heads that also read the tokens
-      guessed before them, spec_decode/hydra.py).
+      guessed before them, spec_decode/hydra.py) or "eagle" (one decoder layer on the target's
+      features that reads the context through a KV cache of its own, spec_decode/eagle.py).
 
     num_tokens (k): tokens proposed per step and sequence; the verify step scores k + 1.
     ngram_max / ngram_min: longest / shortest suffix n-gram searched for in the sequence.
@@ -38,6 +41,8 @@ class SpeculativeConfig:
       A verify scores k + 1 rows per sequence, which the compiled decode step does not take, so a
       compiled target gains little there; the draft's k - 1 guesses are single-row decodes, where
       compiling removes the small model's per-op overhead.
+    heads (eagle, required): a layer file from `minillm train-eagle`, or an EagleLayer module (none
+      ships: README); any num_tokens (the layer runs once more per guess).
     heads (medusa, hydra): a heads file from `minillm train-medusa [--kind hydra]`, or a MedusaHeads /
       HydraHeads module (default: the heads shipped for the default model); num_tokens <= its heads.
     tree (medusa, hydra): verify a tree of candidates instead of a chain of top-1 guesses (spec_decode/tree.py):
@@ -91,10 +96,10 @@ class SpeculativeConfig:
             bad(f"method must be one of {METHODS}, got {self.method!r}")
         if not isinstance(self.num_tokens, int) or not (1 <= self.num_tokens <= MAX_NUM_TOKENS):
             bad(f"num_tokens must be an integer in [1, {MAX_NUM_TOKENS}], got {self.num_tokens!r}")
-        if self.draft_vocab is not None and not (self.method in HEAD_METHODS or
+        if self.draft_vocab is not None and not (self.method in FEATURE_METHODS or
                                                  (self.method == "draft" and not self.builds_from_target)):
             bad("draft_vocab applies to a separate draft model (method 'draft' with a model name, path or module) "
-                "or to Medusa's or Hydra's guesses")
+                "or to Medusa's, Hydra's or EAGLE's guesses")
         if self.draft_vocab is not None and (not isinstance(self.draft_vocab, int) or self.draft_vocab < 1):
             bad(f"draft_vocab must be an integer >= 1, got {self.draft_vocab!r}")
         if self.compile is not None and (self.method != "draft" or self.builds_from_target):
@@ -112,9 +117,13 @@ class SpeculativeConfig:
                     bad(f"{name} must be an integer >= 1, got {v!r}")
             if self.ngram_min > self.ngram_max:
                 bad(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
-        elif self.method in HEAD_METHODS:
+        elif self.method in FEATURE_METHODS:
+            if self.method == "eagle" and self.heads is None:
+                bad("method 'eagle' needs heads: a layer file from `minillm train-eagle` or an EagleLayer "
+                    "(no layer ships with minillm)")
             if self.heads is not None and not isinstance(self.heads, (str, torch.nn.Module)):
-                bad(f"heads must be a path to a heads file or a MedusaHeads / HydraHeads module, "
+                bad(f"heads must be a path to a heads (or EAGLE layer) file or a MedusaHeads / HydraHeads / "
+                    f"EagleLayer module, "
                     f"got {type(self.heads).__name__}")
             if self.tree is not None:
                 try:
