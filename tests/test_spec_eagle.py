@@ -215,3 +215,13 @@ def test_greedy_with_eagle_equals_greedy_on_the_default_model(default_model, num
         assert not e.proposer.caches
         if num_blocks:
             assert sum(len(s.preemptions) for s in e.trace) > 0
+
+
+@pytest.mark.parametrize("bad", [{"noise": -0.1}, {"feature_weight": float("nan")}, {"epochs": 0}])
+def test_training_rejects_bad_settings_before_generating(bad):
+    from minillm.spec_decode.eagle_train import EagleTrainConfig, train_eagle
+
+    def no_generation(*a, **k):
+        raise AssertionError("generated before checking the settings")
+    with pytest.raises(ValueError, match="must be >= "):
+        train_eagle(tiny_model(seed=1, vocab=VOCAB), None, [], EagleTrainConfig(**bad), log=no_generation)

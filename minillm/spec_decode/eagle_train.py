@@ -32,8 +32,7 @@ from torch import nn
 
 from minillm.spec_decode.eagle_layer import EagleLayer
 from minillm.spec_decode.medusa import embedding_fingerprint
-from minillm.spec_decode.medusa_train import final_hidden, generate, lm_logits, optimise
-from minillm.spec_decode.medusa_prompts import training_prompts
+from minillm.spec_decode.medusa_train import final_hidden, lm_logits, optimise, own_answers
 
 
 @dataclass
@@ -151,15 +150,13 @@ def train_layer(model, seqs: list[tuple[list[int], int]], hiddens: list[torch.Te
 
 
 def train_eagle(model, tokenizer, eos_ids, cfg: EagleTrainConfig, log=print) -> tuple[EagleLayer, EagleTrainReport]:
+    for name in ("feature_weight", "noise"):  # before minutes of generation
+        if not getattr(cfg, name) >= 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.epochs < 1 or cfg.batch_sequences < 1:
+        raise ValueError(f"epochs and batch_sequences must be >= 1, got {cfg.epochs} and {cfg.batch_sequences}")
     report = EagleTrainReport(asdict(cfg))
-    t0 = time.perf_counter()
-    prompts = training_prompts(tokenizer, cfg.num_chat_prompts, cfg.num_topic_questions, cfg.num_general_questions,
-                               cfg.passage_chars, cfg.seed)
-    seqs = generate(model, tokenizer, eos_ids, prompts, cfg.max_new_tokens)
-    report.generate_s = time.perf_counter() - t0
-    report.num_sequences = len(seqs)
-    report.num_generated_tokens = sum(len(ids) - p for ids, p in seqs)
-    log(f"generated {report.num_generated_tokens} tokens in {len(seqs)} answers ({report.generate_s:.0f} s)")
+    seqs = own_answers(model, tokenizer, eos_ids, cfg, report, log)
     t0 = time.perf_counter()
     hiddens = [final_hidden(model, ids) for ids, _ in seqs]
     report.hidden_s = time.perf_counter() - t0
