@@ -37,6 +37,7 @@ from minillm.spec_decode.eagle_layer import EagleCache, EagleLayer
 from minillm.spec_decode.proposal import Proposal
 from minillm.spec_decode.proposer import Proposer
 
+
 class EagleProposer(Proposer):
     def __init__(self, runner, layer: EagleLayer, lm_head: torch.nn.Module | None = None) -> None:
         """lm_head: what ranks the guesses (default: the target's own LM head; a RestrictedLMHead with
@@ -49,25 +50,14 @@ class EagleProposer(Proposer):
             use_skinny_linears(self.layer)
         self.embed = model.embed_tokens
         self.rotary = model.rotary
-        self.k = 1
         self.caches: dict[int, EagleCache] = {}  # seq_id -> the layer's K/V for that sequence
         self.feature: dict[int, tuple[int, torch.Tensor]] = {}  # seq_id -> (its token count then, ĥ of the newest token)
         runner.keep_all_hidden = True
-
-    def set_lookahead(self, num_slots: int) -> None:
-        self.k = num_slots
 
     def release(self, seqs: list[Sequence]) -> None:
         for s in seqs:
             self.caches.pop(s.seq_id, None)
             self.feature.pop(s.seq_id, None)
-
-    def trace_record(self):
-        return None
-
-    @property
-    def cache_bytes(self) -> int:
-        return sum(c.num_bytes for c in self.caches.values())
 
     def _extend(self, seq_ids: list[int], h: torch.Tensor, tokens: list[int], positions: list[int],
                 counts: list[int]) -> torch.Tensor:

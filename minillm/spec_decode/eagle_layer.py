@@ -69,10 +69,6 @@ class EagleCache:
         self.length += n
         return self.k[:, : self.length], self.v[:, : self.length]
 
-    @property
-    def num_bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
-
 
 class EagleLayer(nn.Module):
     kind = "eagle"

@@ -58,7 +58,7 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
     if cfg.method in ("medusa", "hydra"):
         from minillm.engine.model_runner import ModelRunner
         from minillm.spec_decode.hydra import HydraProposer
-        from minillm.spec_decode.medusa import MedusaProposer, embedding_fingerprint, shipped_heads_path
+        from minillm.spec_decode.medusa import MedusaProposer, shipped_heads_path
         from minillm.spec_decode.medusa_heads import MedusaHeads
 
         if not isinstance(runner, ModelRunner):
@@ -68,11 +68,8 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
         if cfg.heads is None or isinstance(cfg.heads, str):
             path = shipped_heads_path(cfg.method) if cfg.heads is None else cfg.heads
             heads = MedusaHeads.load(path, target.config.hidden_size)
-            trained_on = heads.metadata.get("base_fingerprint")
-            if trained_on is not None and trained_on != embedding_fingerprint(target):
-                raise ValueError(f"{heads.kind} heads {path} were trained on another base model "
-                                 f"({heads.metadata.get('base_model', trained_on)}); train heads for this one "
-                                 f"with `minillm train-medusa --kind {cfg.method}`")
+            check_trained_on(target, heads.metadata, f"{heads.kind} heads {path} were",
+                             f"heads for this one with `minillm train-medusa --kind {cfg.method}`")
         else:
             heads = cfg.heads
         if not isinstance(heads, MedusaHeads) or heads.kind != cfg.method:
@@ -81,14 +78,8 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
         if cfg.num_tokens > heads.num_heads:
             raise ValueError(f"invalid speculative config: num_tokens ({cfg.num_tokens}) exceeds the "
                              f"{heads.num_heads} {heads.kind.capitalize()} heads")
-        head = None
-        if cfg.draft_vocab is not None:
-            from minillm.spec_decode.draft_vocab import kept_tokens, restricted_head
-
-            vocab = target.config.vocab_size
-            head = restricted_head(target.lm_head, kept_tokens(tokenizer, vocab, cfg.draft_vocab), vocab)
         kind = HydraProposer if cfg.method == "hydra" else MedusaProposer
-        proposer = kind(runner, heads, cfg.tree_template, head)
+        proposer = kind(runner, heads, cfg.tree_template, ranking_head(cfg, target, tokenizer))
         proposer.set_lookahead(cfg.num_lookahead_slots)
         return proposer
     if cfg.method == "eagle":
@@ -109,34 +100,40 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
     return DraftProposer(runner, draft, tuple(range(cfg.num_layers or n)))
 
 
+def check_trained_on(target, metadata: dict[str, str], subject: str, remedy: str) -> None:
+    """A trained draft's file names the base model it was trained on: refuse it on another one."""
+    from minillm.spec_decode.medusa import embedding_fingerprint
+
+    trained_on = metadata.get("base_fingerprint")
+    if trained_on is not None and trained_on != embedding_fingerprint(target):
+        raise ValueError(f"{subject} trained on another base model ({metadata.get('base_model', trained_on)}); "
+                         f"train {remedy}")
+
+
+def ranking_head(cfg: SpeculativeConfig, target, tokenizer):
+    """With draft_vocab, a cut copy of the target's LM head that ranks a trained draft's guesses; else None."""
+    if cfg.draft_vocab is None:
+        return None
+    from minillm.spec_decode.draft_vocab import kept_tokens, restricted_head
+
+    vocab = target.config.vocab_size
+    return restricted_head(target.lm_head, kept_tokens(tokenizer, vocab, cfg.draft_vocab), vocab)
+
+
 def make_eagle_proposer(cfg: SpeculativeConfig, runner, tokenizer) -> Proposer:
     from minillm.engine.model_runner import ModelRunner
     from minillm.spec_decode.eagle import EagleProposer
     from minillm.spec_decode.eagle_layer import EagleLayer
-    from minillm.spec_decode.medusa import embedding_fingerprint
 
     if not isinstance(runner, ModelRunner):
         raise ValueError("speculative method 'eagle' reads the target's hidden states, which one process does; "
                          "run it without tensor or pipeline parallelism")
     target = runner.model
-    if isinstance(cfg.heads, str):
-        path = cfg.heads
-        layer = EagleLayer.load(path, target.config)
-        trained_on = layer.metadata.get("base_fingerprint")
-        if trained_on is not None and trained_on != embedding_fingerprint(target):
-            raise ValueError(f"EAGLE layer {path} was trained on another base model "
-                             f"({layer.metadata.get('base_model', trained_on)}); train one for this model "
-                             "with `minillm train-eagle`")
-    else:
-        layer = cfg.heads
+    layer = cfg.heads
+    if isinstance(layer, str):
+        layer = EagleLayer.load(cfg.heads, target.config)
+        check_trained_on(target, layer.metadata, f"EAGLE layer {cfg.heads} was",
+                         "one for this model with `minillm train-eagle`")
     if not isinstance(layer, EagleLayer):
         raise ValueError(f"speculative method 'eagle' needs an EAGLE layer, got {getattr(layer, 'kind', type(layer).__name__)}")
-    head = None
-    if cfg.draft_vocab is not None:
-        from minillm.spec_decode.draft_vocab import kept_tokens, restricted_head
-
-        vocab = target.config.vocab_size
-        head = restricted_head(target.lm_head, kept_tokens(tokenizer, vocab, cfg.draft_vocab), vocab)
-    proposer = EagleProposer(runner, layer, head)
-    proposer.set_lookahead(cfg.num_lookahead_slots)
-    return proposer
+    return EagleProposer(runner, layer, ranking_head(cfg, target, tokenizer))
