@@ -284,7 +284,8 @@ def cmd_train_eagle(a: argparse.Namespace) -> int:
     cfg = EagleTrainConfig(num_chat_prompts=a.num_prompts, num_topic_questions=a.num_topic_questions,
                            num_general_questions=a.num_general_questions, max_new_tokens=a.max_new_tokens,
                            epochs=a.epochs, lr=a.lr, feature_weight=a.feature_weight, noise=a.noise,
-                           max_train_seconds=a.max_train_seconds, seed=a.seed)
+                           max_train_seconds=a.max_train_seconds, seed=a.seed,
+                           answers_per_prompt=a.answers_per_prompt, sample_temperature=a.sample_temperature)
     loaded = load_model(a.model)
     layer, report = train_eagle(loaded.model, loaded.tokenizer, loaded.eos_token_ids, cfg,
                                 log=lambda s: print(s, file=sys.stderr, flush=True))
@@ -310,7 +311,8 @@ def cmd_train_medusa(a: argparse.Namespace) -> int:
                             num_topic_questions=a.num_topic_questions,
                             num_general_questions=a.num_general_questions, max_new_tokens=a.max_new_tokens,
                             epochs=a.epochs, lr=a.lr, seed=a.seed, max_train_seconds=a.max_train_seconds,
-                            distill=a.distill, feature_weight=a.feature_weight)
+                            distill=a.distill, feature_weight=a.feature_weight,
+                            answers_per_prompt=a.answers_per_prompt, sample_temperature=a.sample_temperature)
     loaded = load_model(a.model)
     heads, report = train_heads(loaded.model, loaded.tokenizer, loaded.eos_token_ids, cfg,
                                 log=lambda s: print(s, file=sys.stderr, flush=True))
@@ -389,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="learn the base model's whole next-token distribution, not only its chosen token")
     t.add_argument("--feature-weight", type=float, default=0.0,
                    help="also regress each head's state onto the base model's own (EAGLE's feature loss), this weight")
+    t.add_argument("--answers-per-prompt", type=int, default=1,
+                   help="answers per prompt: the first greedy, the rest sampled (more of the model's own text)")
+    t.add_argument("--sample-temperature", type=float, default=0.8, help="the sampled answers' temperature")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(fn=cmd_train_medusa)
     g = sub.add_parser("train-eagle", help="train an EAGLE draft layer (one decoder layer on the model's own features, "
@@ -406,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--noise", type=float, default=0.0,
                    help="Gaussian noise on the input features, this fraction of their RMS")
     g.add_argument("--max-train-seconds", type=float, default=None)
+    g.add_argument("--answers-per-prompt", type=int, default=1,
+                   help="answers per prompt: the first greedy, the rest sampled (more of the model's own text)")
+    g.add_argument("--sample-temperature", type=float, default=0.8, help="the sampled answers' temperature")
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(fn=cmd_train_eagle)
     from minillm.bench.cli import subcommands

@@ -141,6 +141,13 @@ def test_medusa_needs_as_many_heads_as_guesses():
     with pytest.raises(ValueError, match="exceeds the 2 Medusa heads"):
         LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, speculative={
             "method": "medusa", "heads": MedusaHeads(model.config.hidden_size, 2), "num_tokens": 3}))
+    # nor may a sweep raise k past them later (a bench once ran k = 3 on 2 heads as k = 2, silently)
+    e = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, speculative={
+        "method": "medusa", "heads": MedusaHeads(model.config.hidden_size, 2), "num_tokens": 1}))
+    e.set_num_speculative_tokens(2)
+    with pytest.raises(ValueError, match="exceeds the 2 Medusa heads"):
+        e.set_num_speculative_tokens(3)
+    assert e.config.speculative.num_tokens == 2
 
 
 def test_heads_file_round_trip_and_errors(tmp_path):
@@ -227,3 +234,35 @@ def test_training_rejects_an_unknown_kind_before_generating():
         train_heads(tiny_model(seed=1, vocab=VOCAB), None, [], MedusaTrainConfig(kind="eagle"))
     with pytest.raises(ValueError, match="feature_weight"):
         train_heads(tiny_model(seed=1, vocab=VOCAB), None, [], MedusaTrainConfig(feature_weight=-1.0))
+    with pytest.raises(ValueError, match="answers_per_prompt"):
+        train_heads(tiny_model(seed=1, vocab=VOCAB), None, [], MedusaTrainConfig(answers_per_prompt=0))
+    with pytest.raises(ValueError, match="sample_temperature"):
+        train_heads(tiny_model(seed=1, vocab=VOCAB), None, [],
+                    MedusaTrainConfig(answers_per_prompt=2, sample_temperature=0.0))
+
+
+def test_sampled_answers_follow_the_greedy_ones_and_are_reproducible():
+    # seqs[j * P + i] is prompt i's answer j: answer 0 is the greedy one, the others sampled with a seed each
+    from minillm.spec_decode.medusa_train import generate as own_generate
+
+    model = tiny_model(seed=1, vocab=VOCAB)
+    prompts = random_prompts(5, VOCAB, 3, 9, seed=2)
+    greedy = own_generate(model, None, [], prompts, 12)
+    seqs = own_generate(model, None, [], prompts, 12, answers_per_prompt=3, temperature=1.0, seed=5)
+    assert len(seqs) == 15 and seqs[:5] == greedy
+    for r, (ids, plen) in enumerate(seqs):
+        assert plen == len(prompts[r % 5]) and ids[:plen] == prompts[r % 5]
+    assert seqs == own_generate(model, None, [], prompts, 12, answers_per_prompt=3, temperature=1.0, seed=5)
+    assert seqs[5:] != greedy + greedy  # sampled at temperature 1 from a random model: not the greedy text
+
+
+@pytest.mark.parametrize("answers", [1, 3])
+def test_held_out_prompts_keep_all_their_answers_out_of_training(answers):
+    from minillm.spec_decode.medusa_train import split_by_prompt
+
+    n = 40
+    train, hold = split_by_prompt(n * answers, answers, 0.1, seed=3)
+    assert len(hold) == 4 and all(i < n for i in hold)  # only greedy answers are scored
+    assert not {i % n for i in train} & set(hold)  # no answer of a held-out prompt is trained on
+    dropped = [j * n + i for j in range(1, answers) for i in hold]  # sampled answers to held-out prompts
+    assert sorted(train + hold + dropped) == list(range(n * answers))

@@ -223,10 +223,23 @@ def configs(proposers: list[str], ks: list[int]) -> list[tuple[str, int]]:
     return out
 
 
+def takes_k(engine: LLMEngine, name: str, k: int, log: Log) -> bool:
+    """Whether the proposer can guess k tokens: k beyond it (two Hydra heads at k = 3) is left out and
+    logged, not silently capped."""
+    if not k or engine.config.speculative is None or Proposer(name).fixed_k:
+        return True
+    try:
+        engine.proposer.check_num_tokens(k)
+    except ValueError as err:
+        log(f"{name} at k={k} left out: {err}")
+        return False
+    return True
+
+
 def measure_batch1(engines: dict[str, LLMEngine], workload: SpecWorkload, prompts: list[list[int]], ks: list[int],
                    repeats: int = 1, log: Log = lambda s: None) -> dict[tuple[str, int], dict[str, Any]]:
     """Per (proposer, k): decode tok/s per prompt and repeat, acceptance, tokens per verify."""
-    cfgs = configs(list(engines), ks)
+    cfgs = [(name, k) for name, k in configs(list(engines), ks) if takes_k(engines[name], name, k, log)]
     stats = {c: RunStats() for c in cfgs}
     speeds: dict[tuple[str, int], list[float]] = {c: [] for c in cfgs}
     for name, k in cfgs:  # warm-up at each k: allocations, oneDNN primitives, a compiled draft's graphs
@@ -264,10 +277,11 @@ def measure_batch1(engines: dict[str, LLMEngine], workload: SpecWorkload, prompt
 def measure_batch_scaling(engines: dict[str, LLMEngine], workload: SpecWorkload, prompts: list[list[int]],
                           batch_sizes: list[int], k: int, log: Log = lambda s: None) -> dict[str, dict[int, float]]:
     """Decode tok/s of the whole batch per proposer (all at the same k) and batch size."""
-    out: dict[str, dict[int, float]] = {name: {} for name in engines}
+    out: dict[str, dict[int, float]] = {name: {} for name, e in engines.items() if takes_k(e, name, k, log)}
     for b in batch_sizes:
         batch = [prompts[i % len(prompts)] for i in range(b)]
-        for name, e in engines.items():
+        for name in out:
+            e = engines[name]
             if e.config.speculative is not None and not Proposer(name).fixed_k:
                 e.set_num_speculative_tokens(k)
             _, steps = run_batch(e, batch, workload.output_len)

@@ -175,7 +175,9 @@ class LLMEngine:
             raise ValueError("this engine has no speculative config")
         if self.has_unfinished_requests():
             raise ValueError("change num_tokens between runs, not while requests are in flight")
-        self.config.speculative = self.config.speculative.with_num_tokens(k)
+        cfg = self.config.speculative.with_num_tokens(k)
+        self.proposer.check_num_tokens(k)
+        self.config.speculative = cfg
         self.scheduler.num_lookahead_slots = self.config.speculative.num_lookahead_slots
         self.proposer.set_lookahead(self.scheduler.num_lookahead_slots)
 

@@ -32,7 +32,8 @@ from torch import nn
 
 from minillm.spec_decode.eagle_layer import EagleLayer
 from minillm.spec_decode.medusa import embedding_fingerprint
-from minillm.spec_decode.medusa_train import final_hidden, lm_logits, optimise, own_answers
+from minillm.spec_decode.medusa_train import (check_answer_settings, final_hidden, lm_logits, optimise, own_answers,
+                                              split_by_prompt)
 
 
 @dataclass
@@ -50,6 +51,8 @@ class EagleTrainConfig:
     holdout: float = 0.1
     seed: int = 0
     max_train_seconds: float | None = None
+    answers_per_prompt: int = 1  # the greedy answer, then sampled ones (medusa_train.own_answers)
+    sample_temperature: float = 0.8
 
 
 @dataclass
@@ -123,10 +126,7 @@ def train_layer(model, seqs: list[tuple[list[int], int]], hiddens: list[torch.Te
     """The optimisation alone, on sequences and their hidden states (train_eagle makes both)."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    order = list(range(len(seqs)))
-    rng.shuffle(order)
-    n_hold = max(1, int(len(seqs) * cfg.holdout))
-    hold, train = order[:n_hold], order[n_hold:]
+    train, hold = split_by_prompt(len(seqs), cfg.answers_per_prompt, cfg.holdout, cfg.seed)
     # batches of similar length: little padding
     train.sort(key=lambda i: len(seqs[i][0]))
     batches = [train[s : s + cfg.batch_sequences] for s in range(0, len(train), cfg.batch_sequences)]
@@ -155,6 +155,7 @@ def train_eagle(model, tokenizer, eos_ids, cfg: EagleTrainConfig, log=print) -> 
             raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if cfg.epochs < 1 or cfg.batch_sequences < 1:
         raise ValueError(f"epochs and batch_sequences must be >= 1, got {cfg.epochs} and {cfg.batch_sequences}")
+    check_answer_settings(cfg)
     report = EagleTrainReport(asdict(cfg))
     seqs = own_answers(model, tokenizer, eos_ids, cfg, report, log)
     t0 = time.perf_counter()

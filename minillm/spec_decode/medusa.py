@@ -83,6 +83,11 @@ class MedusaProposer(Proposer):
         parents = self.tree.parents(n)
         return None if parents == chain_parents(n) else parents
 
+    def check_num_tokens(self, k: int) -> None:
+        if k > self.heads.num_heads:  # a chain's guess i comes from head i
+            raise ValueError(f"invalid speculative config: num_tokens ({k}) exceeds the "
+                             f"{self.heads.num_heads} {self.heads.kind.capitalize()} heads")
+
     def set_lookahead(self, num_slots: int) -> None:
         self.depth = len(self.tree.paths[min(num_slots, self.tree.num_nodes) - 1])
 

@@ -9,7 +9,9 @@
    chat questions, and raw code-completion heads (a function signature and
    docstring); none is a prompt or a subject the benchmarks score.
 2. The base model answers them greedily through the engine (batched), so the
-   heads learn the distribution they will be asked to guess at temperature 0.
+   heads learn the distribution they will be asked to guess at temperature 0;
+   with `answers_per_prompt` > 1 it also answers each again, sampled, for
+   more of its own text (with `distill` the labels stay its distribution).
 3. One prefill per sequence gives the final hidden state h_t of every position.
 4. Head i (1..K) at position t learns the token at t + 1 + i with cross-entropy
    through the frozen LM head; positions inside the prompt are skipped. The
@@ -64,6 +66,8 @@ class MedusaTrainConfig:
     max_train_seconds: float | None = None  # stop the optimisation early (generation is not counted)
     distill: bool = False  # soft labels: the base model's own distribution for the guessed token
     feature_weight: float = 0.0  # weight of the regression of head i's state onto h_{t+i}
+    answers_per_prompt: int = 1  # the greedy answer, then sampled ones: more of the model's own text
+    sample_temperature: float = 0.8
 
 
 @dataclass
@@ -82,36 +86,65 @@ class MedusaTrainReport:
     holdout_untrained_top1: list[float] = field(default_factory=list)  # zero-init heads: the LM head's t+1 guess
 
 
-def generate(model, tokenizer, eos_ids, prompts: list[list[int]], max_new_tokens: int) -> list[tuple[list[int], int]]:
-    """(prompt + greedy answer, prompt length) per prompt, through the engine."""
+def generate(model, tokenizer, eos_ids, prompts: list[list[int]], max_new_tokens: int, answers_per_prompt: int = 1,
+             temperature: float = 0.8, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt + answer, prompt length) per prompt and answer, through the engine: answer 0 of every prompt
+    first (greedy), then answer j of every prompt, sampled at `temperature` with a seed per request, so
+    that seqs[j * len(prompts) + i] is prompt i's answer j."""
     from minillm.engine.config import EngineConfig
     from minillm.engine.llm_engine import LLMEngine
     from minillm.sampling_params import SamplingParams
 
-    e = LLMEngine(model, tokenizer, eos_ids, EngineConfig(max_num_seqs=32, max_num_batched_tokens=2048,
+    e = LLMEngine(model, tokenizer, eos_ids, EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048,
                                                           kv_cache_memory_bytes=256 << 20))
-    for i, p in enumerate(prompts):
-        e.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=max_new_tokens))
+    n = len(prompts)
+    for j in range(answers_per_prompt):
+        for i, p in enumerate(prompts):
+            sp = (SamplingParams(temperature=0.0, max_tokens=max_new_tokens) if j == 0 else
+                  SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed * 1_000_003 + j * n + i))
+            e.add_request(str(j * n + i), p, sp)
     done = {}
     while e.has_unfinished_requests():
         for out in e.step():
             if out.finished:
                 done[int(out.request_id)] = out.outputs[0].token_ids
-    return [(prompts[i] + done[i], len(prompts[i])) for i in range(len(prompts))]
+    return [(prompts[r % n] + done[r], len(prompts[r % n])) for r in range(n * answers_per_prompt)]
 
 
 def own_answers(model, tokenizer, eos_ids, cfg, report, log) -> list[tuple[list[int], int]]:
-    """The training prompts (cfg's counts) answered greedily by the model itself; fills report's
-    generate_s, num_sequences and num_generated_tokens (Medusa's and EAGLE's training share it)."""
+    """The training prompts (cfg's counts) answered by the model itself: each greedily once, and
+    cfg.answers_per_prompt - 1 more times sampled at cfg.sample_temperature (more text of the model's
+    own, for the same prompts); fills report's generate_s, num_sequences and num_generated_tokens
+    (Medusa's and EAGLE's training share it). Laid out as `generate` says."""
     t0 = time.perf_counter()
     prompts = training_prompts(tokenizer, cfg.num_chat_prompts, cfg.num_topic_questions, cfg.num_general_questions,
                                cfg.passage_chars, cfg.seed)
-    seqs = generate(model, tokenizer, eos_ids, prompts, cfg.max_new_tokens)
+    seqs = generate(model, tokenizer, eos_ids, prompts, cfg.max_new_tokens, cfg.answers_per_prompt,
+                    cfg.sample_temperature, cfg.seed)
     report.generate_s = time.perf_counter() - t0
     report.num_sequences = len(seqs)
     report.num_generated_tokens = sum(len(ids) - p for ids, p in seqs)
     log(f"generated {report.num_generated_tokens} tokens in {len(seqs)} answers ({report.generate_s:.0f} s)")
     return seqs
+
+
+def split_by_prompt(num_seqs: int, answers_per_prompt: int, holdout: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train, held-out) indices into own_answers' sequences. A held-out prompt's answers are all kept out
+    of training (a sampled answer to the same question would leak), and only its greedy answer is
+    scored: at temperature 0 the heads guess greedy text."""
+    n = num_seqs // answers_per_prompt
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    n_hold = max(1, int(n * holdout))
+    return [j * n + i for j in range(answers_per_prompt) for i in order[n_hold:]], order[:n_hold]
+
+
+def check_answer_settings(cfg) -> None:
+    """Reject bad generation settings before minutes of generation."""
+    if cfg.answers_per_prompt < 1:
+        raise ValueError(f"answers_per_prompt must be >= 1, got {cfg.answers_per_prompt}")
+    if cfg.answers_per_prompt > 1 and not cfg.sample_temperature > 0:
+        raise ValueError(f"sampled answers need sample_temperature > 0, got {cfg.sample_temperature}")
 
 
 @torch.inference_mode()
@@ -237,15 +270,13 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
         raise ValueError(f"kind must be one of {sorted(KINDS)}, got {cfg.kind!r}")
     if not cfg.feature_weight >= 0:
         raise ValueError(f"feature_weight must be >= 0, got {cfg.feature_weight}")
+    check_answer_settings(cfg)
     torch.manual_seed(cfg.seed)
     report = MedusaTrainReport(asdict(cfg))
     seqs = own_answers(model, tokenizer, eos_ids, cfg, report, log)
     t0 = time.perf_counter()
-    rng = random.Random(cfg.seed)
-    order = list(range(len(seqs)))
-    rng.shuffle(order)
-    n_hold = max(1, int(len(seqs) * cfg.holdout))
-    hold, train = [seqs[i] for i in order[:n_hold]], [seqs[i] for i in order[n_hold:]]
+    train_idx, hold_idx = split_by_prompt(len(seqs), cfg.answers_per_prompt, cfg.holdout, cfg.seed)
+    train, hold = [seqs[i] for i in train_idx], [seqs[i] for i in hold_idx]
     with_next = cfg.distill or bool(cfg.feature_weight)
     h_tr, y_tr, *n_tr = head_targets(train, [final_hidden(model, ids) for ids, _ in train], cfg.num_heads, with_next)
     h_ho, y_ho = head_targets(hold, [final_hidden(model, ids) for ids, _ in hold], cfg.num_heads)[:2]

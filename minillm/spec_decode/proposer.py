@@ -33,6 +33,9 @@ class Proposer(ABC):
     def observe(self, batch, step, chosen, hidden) -> None:
         """After a step: the final hidden states of the logit rows (Medusa's heads read them)."""
 
+    def check_num_tokens(self, k: int) -> None:
+        """Raise if this proposer cannot guess k tokens a step (Medusa's heads: one per guess)."""
+
     def set_lookahead(self, num_slots: int) -> None:
         """The most tokens a proposal may hold from now on (the engine's k; a tree's node count)."""
 
@@ -75,11 +78,9 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
         if not isinstance(heads, MedusaHeads) or heads.kind != cfg.method:
             raise ValueError(f"speculative method {cfg.method!r} needs {cfg.method} heads, got "
                              f"{getattr(heads, 'kind', type(heads).__name__)} heads")
-        if cfg.num_tokens > heads.num_heads:
-            raise ValueError(f"invalid speculative config: num_tokens ({cfg.num_tokens}) exceeds the "
-                             f"{heads.num_heads} {heads.kind.capitalize()} heads")
         kind = HydraProposer if cfg.method == "hydra" else MedusaProposer
         proposer = kind(runner, heads, cfg.tree_template, ranking_head(cfg, target, tokenizer))
+        proposer.check_num_tokens(cfg.num_tokens)
         proposer.set_lookahead(cfg.num_lookahead_slots)
         return proposer
     if cfg.method == "eagle":
