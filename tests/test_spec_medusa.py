@@ -6,6 +6,8 @@ clear error. The shipped heads of the default model are checked in test_spec_gre
 """
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -261,7 +263,7 @@ def test_held_out_prompts_keep_all_their_answers_out_of_training(answers):
     from minillm.spec_decode.medusa_train import split_by_prompt
 
     n = 40
-    train, hold = split_by_prompt(n * answers, answers, 0.1, seed=3)
+    train, hold = split_by_prompt(n * answers, answers, 0.1, random.Random(3))
     assert len(hold) == 4 and all(i < n for i in hold)  # only greedy answers are scored
     assert not {i % n for i in train} & set(hold)  # no answer of a held-out prompt is trained on
     dropped = [j * n + i for j in range(1, answers) for i in hold]  # sampled answers to held-out prompts

@@ -126,7 +126,7 @@ def train_layer(model, seqs: list[tuple[list[int], int]], hiddens: list[torch.Te
     """The optimisation alone, on sequences and their hidden states (train_eagle makes both)."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    train, hold = split_by_prompt(len(seqs), cfg.answers_per_prompt, cfg.holdout, cfg.seed)
+    train, hold = split_by_prompt(len(seqs), cfg.answers_per_prompt, cfg.holdout, rng)
     # batches of similar length: little padding
     train.sort(key=lambda i: len(seqs[i][0]))
     batches = [train[s : s + cfg.batch_sequences] for s in range(0, len(train), cfg.batch_sequences)]

@@ -95,7 +95,7 @@ def generate(model, tokenizer, eos_ids, prompts: list[list[int]], max_new_tokens
     from minillm.engine.llm_engine import LLMEngine
     from minillm.sampling_params import SamplingParams
 
-    e = LLMEngine(model, tokenizer, eos_ids, EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048,
+    e = LLMEngine(model, tokenizer, eos_ids, EngineConfig(max_num_seqs=32, max_num_batched_tokens=2048,
                                                           kv_cache_memory_bytes=256 << 20))
     n = len(prompts)
     for j in range(answers_per_prompt):
@@ -128,13 +128,14 @@ def own_answers(model, tokenizer, eos_ids, cfg, report, log) -> list[tuple[list[
     return seqs
 
 
-def split_by_prompt(num_seqs: int, answers_per_prompt: int, holdout: float, seed: int) -> tuple[list[int], list[int]]:
+def split_by_prompt(num_seqs: int, answers_per_prompt: int, holdout: float,
+                    rng: random.Random) -> tuple[list[int], list[int]]:
     """(train, held-out) indices into own_answers' sequences. A held-out prompt's answers are all kept out
     of training (a sampled answer to the same question would leak), and only its greedy answer is
-    scored: at temperature 0 the heads guess greedy text."""
+    scored: at temperature 0 the heads guess greedy text. rng: the run's own stream (one shuffle)."""
     n = num_seqs // answers_per_prompt
     order = list(range(n))
-    random.Random(seed).shuffle(order)
+    rng.shuffle(order)
     n_hold = max(1, int(n * holdout))
     return [j * n + i for j in range(answers_per_prompt) for i in order[n_hold:]], order[:n_hold]
 
@@ -275,7 +276,7 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
     report = MedusaTrainReport(asdict(cfg))
     seqs = own_answers(model, tokenizer, eos_ids, cfg, report, log)
     t0 = time.perf_counter()
-    train_idx, hold_idx = split_by_prompt(len(seqs), cfg.answers_per_prompt, cfg.holdout, cfg.seed)
+    train_idx, hold_idx = split_by_prompt(len(seqs), cfg.answers_per_prompt, cfg.holdout, random.Random(cfg.seed))
     train, hold = [seqs[i] for i in train_idx], [seqs[i] for i in hold_idx]
     with_next = cfg.distill or bool(cfg.feature_weight)
     h_tr, y_tr, *n_tr = head_targets(train, [final_hidden(model, ids) for ids, _ in train], cfg.num_heads, with_next)
