@@ -273,6 +273,29 @@ def cmd_models(a: argparse.Namespace) -> int:
     return 0
 
 
+def _training_text_args(p: argparse.ArgumentParser, num_general_questions: int) -> None:
+    """The training text's options, shared by train-medusa and train-eagle (medusa_train.own_answers)."""
+    p.add_argument("--num-prompts", type=int, default=96, help="pydoc passages asked about (code heads come on top)")
+    p.add_argument("--num-topic-questions", type=int, default=64, help="short questions about pydoc topic names")
+    p.add_argument("--num-general-questions", type=int, default=num_general_questions,
+                   help="everyday chat questions (how things work, tips, how-tos; 492 in all)")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--answers-per-prompt", type=int, default=1,
+                   help="answers per prompt: the first greedy, the rest sampled (more of the model's own text)")
+    p.add_argument("--sample-temperature", type=float, default=0.8, help="the sampled answers' temperature")
+    p.add_argument("--answers", default=None, metavar="FILE",
+                   help="read the generated answers from FILE if it exists (same settings and model, checked), "
+                        "else write them there: one generation for several trainings")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _training_text_config(a: argparse.Namespace) -> dict:
+    return dict(num_chat_prompts=a.num_prompts, num_topic_questions=a.num_topic_questions,
+                num_general_questions=a.num_general_questions, max_new_tokens=a.max_new_tokens, seed=a.seed,
+                answers_per_prompt=a.answers_per_prompt, sample_temperature=a.sample_temperature,
+                answers_file=a.answers)
+
+
 def cmd_train_eagle(a: argparse.Namespace) -> int:
     import shlex
 
@@ -281,11 +304,8 @@ def cmd_train_eagle(a: argparse.Namespace) -> int:
     from minillm.loader import load_model
     from minillm.spec_decode.eagle_train import EagleTrainConfig, train_eagle
 
-    cfg = EagleTrainConfig(num_chat_prompts=a.num_prompts, num_topic_questions=a.num_topic_questions,
-                           num_general_questions=a.num_general_questions, max_new_tokens=a.max_new_tokens,
-                           epochs=a.epochs, lr=a.lr, feature_weight=a.feature_weight, noise=a.noise,
-                           max_train_seconds=a.max_train_seconds, seed=a.seed,
-                           answers_per_prompt=a.answers_per_prompt, sample_temperature=a.sample_temperature)
+    cfg = EagleTrainConfig(epochs=a.epochs, lr=a.lr, feature_weight=a.feature_weight, noise=a.noise,
+                           max_train_seconds=a.max_train_seconds, **_training_text_config(a))
     loaded = load_model(a.model)
     layer, report = train_eagle(loaded.model, loaded.tokenizer, loaded.eos_token_ids, cfg,
                                 log=lambda s: print(s, file=sys.stderr, flush=True))
@@ -307,12 +327,9 @@ def cmd_train_medusa(a: argparse.Namespace) -> int:
     from minillm.loader import load_model
     from minillm.spec_decode.medusa_train import MedusaTrainConfig, train_heads
 
-    cfg = MedusaTrainConfig(kind=a.kind, num_heads=a.num_heads, num_chat_prompts=a.num_prompts,
-                            num_topic_questions=a.num_topic_questions,
-                            num_general_questions=a.num_general_questions, max_new_tokens=a.max_new_tokens,
-                            epochs=a.epochs, lr=a.lr, seed=a.seed, max_train_seconds=a.max_train_seconds,
-                            distill=a.distill, feature_weight=a.feature_weight,
-                            answers_per_prompt=a.answers_per_prompt, sample_temperature=a.sample_temperature)
+    cfg = MedusaTrainConfig(kind=a.kind, num_heads=a.num_heads, head_layers=a.head_layers, epochs=a.epochs, lr=a.lr,
+                            max_train_seconds=a.max_train_seconds, distill=a.distill,
+                            feature_weight=a.feature_weight, **_training_text_config(a))
     loaded = load_model(a.model)
     heads, report = train_heads(loaded.model, loaded.tokenizer, loaded.eos_token_ids, cfg,
                                 log=lambda s: print(s, file=sys.stderr, flush=True))
@@ -379,11 +396,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="medusa: heads on the hidden state alone; hydra: heads that also read the tokens "
                         "guessed before them (spec_decode/hydra_heads.py)")
     t.add_argument("--num-heads", type=int, default=3)
-    t.add_argument("--num-prompts", type=int, default=96, help="pydoc passages asked about (code heads come on top)")
-    t.add_argument("--num-topic-questions", type=int, default=64, help="short questions about pydoc topic names")
-    t.add_argument("--num-general-questions", type=int, default=124,
-                   help="everyday chat questions (how things work, tips, how-tos; 492 in all)")
-    t.add_argument("--max-new-tokens", type=int, default=96)
+    _training_text_args(t, num_general_questions=124)
+    t.add_argument("--head-layers", type=int, default=1,
+                   help="residual layers per head (Hydra++'s deeper heads; the extra ones are nearly free at decode)")
     t.add_argument("--epochs", type=int, default=2)
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--max-train-seconds", type=float, default=None)
@@ -391,19 +406,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="learn the base model's whole next-token distribution, not only its chosen token")
     t.add_argument("--feature-weight", type=float, default=0.0,
                    help="also regress each head's state onto the base model's own (EAGLE's feature loss), this weight")
-    t.add_argument("--answers-per-prompt", type=int, default=1,
-                   help="answers per prompt: the first greedy, the rest sampled (more of the model's own text)")
-    t.add_argument("--sample-temperature", type=float, default=0.8, help="the sampled answers' temperature")
-    t.add_argument("--seed", type=int, default=0)
     t.set_defaults(fn=cmd_train_medusa)
     g = sub.add_parser("train-eagle", help="train an EAGLE draft layer (one decoder layer on the model's own features, "
                                            "reading the context) from the model's own answers; writes a safetensors file")
     g.add_argument("--model", default=None, help="the base model (default: SmolLM2-135M-Instruct)")
     g.add_argument("--out", required=True, help="where to write the layer (.safetensors)")
-    g.add_argument("--num-prompts", type=int, default=96, help="pydoc passages asked about (code heads come on top)")
-    g.add_argument("--num-topic-questions", type=int, default=64, help="short questions about pydoc topic names")
-    g.add_argument("--num-general-questions", type=int, default=492, help="everyday chat questions (492 in all)")
-    g.add_argument("--max-new-tokens", type=int, default=96)
+    _training_text_args(g, num_general_questions=492)
     g.add_argument("--epochs", type=int, default=4)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--feature-weight", type=float, default=1.0,
@@ -411,10 +419,6 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--noise", type=float, default=0.0,
                    help="Gaussian noise on the input features, this fraction of their RMS")
     g.add_argument("--max-train-seconds", type=float, default=None)
-    g.add_argument("--answers-per-prompt", type=int, default=1,
-                   help="answers per prompt: the first greedy, the rest sampled (more of the model's own text)")
-    g.add_argument("--sample-temperature", type=float, default=0.8, help="the sampled answers' temperature")
-    g.add_argument("--seed", type=int, default=0)
     g.set_defaults(fn=cmd_train_eagle)
     from minillm.bench.cli import subcommands
 

@@ -19,8 +19,8 @@ from tests.helpers.engine_utils import tiny_model
 from tests.test_spec_medusa import VOCAB, generate, random_heads
 
 
-def random_hydra(model, k=3) -> HydraHeads:
-    return random_heads(model, k, kind=HydraHeads)
+def random_hydra(model, k=3, layers=1) -> HydraHeads:
+    return random_heads(model, k, kind=HydraHeads, layers=layers)
 
 
 @pytest.mark.parametrize("num_blocks", [256, 14])
@@ -39,11 +39,13 @@ def test_greedy_with_hydra_guesses_equals_greedy(num_blocks, spec):
             assert any(s.preemptions for s in e.trace)
 
 
-def test_each_guess_is_the_heads_run_by_hand_on_the_newest_token():
+@pytest.mark.parametrize("layers", [1, 2])
+def test_each_guess_is_the_heads_run_by_hand_on_the_newest_token(layers):
     """The proposer's chain equals running head 1 on (kept hidden state, newest token), taking the LM head's
-    argmax, then head 2 on (that state, that guess), ...; a Hydra tree's children depend on their parent."""
+    argmax, then head 2 on (that state, that guess), ...; a Hydra tree's children depend on their parent.
+    With two layers per head, the second is part of every guess."""
     model = tiny_model(seed=1, vocab=VOCAB)
-    heads = random_hydra(model)
+    heads = random_hydra(model, layers=layers)
     seen = []
 
     def record(e):
@@ -101,3 +103,33 @@ def test_heads_files_say_their_kind_and_the_wrong_kind_is_a_clear_error(tmp_path
               metadata={"num_heads": "2", "hidden_size": str(model.config.hidden_size), "kind": "hydra"})
     with pytest.raises(ValueError, match="do not fit hydra heads"):
         MedusaHeads.load(tmp_path / "lie.safetensors")
+
+
+@pytest.mark.parametrize("kind", [MedusaHeads, HydraHeads])
+def test_deeper_heads_start_as_the_identity_and_keep_their_depth_in_the_file(kind, tmp_path):
+    model = tiny_model(seed=1, vocab=VOCAB)
+    hid = model.config.hidden_size
+    h, emb = torch.randn(5, hid), torch.randn(2, 5, hid)
+    args = (h, emb) if kind is HydraHeads else (h,)
+    # the extra layers start at zero, the identity: a fresh two-layer head guesses what a fresh one-layer head does
+    torch.testing.assert_close(kind(hid, 2, layers=2)(*args), kind(hid, 2)(*args), rtol=0, atol=0)
+    # one-layer heads keep the tensor names of the files shipped before deeper heads existed
+    assert not any(".extra." in name for name in kind(hid, 2).state_dict())
+    deep = random_heads(model, 2, kind=kind, layers=3)
+    shallow = kind(hid, 2)  # deep's first layers only
+    shallow.load_state_dict({k: v for k, v in deep.state_dict().items() if ".extra." not in k})
+    assert not torch.allclose(deep(*args), shallow(*args))  # the extra layers take part
+    deep.save(tmp_path / "deep.safetensors")
+    back = MedusaHeads.load(tmp_path / "deep.safetensors", hid)
+    assert type(back) is kind and back.layers == 3 and back.metadata["head_layers"] == "3"
+    torch.testing.assert_close(back(*args), deep(*args), rtol=0, atol=0)
+    with torch.no_grad():
+        for name, p in back.named_parameters():
+            if ".extra." in name:
+                p.zero_()
+    torch.testing.assert_close(back(*args), shallow(*args), rtol=0, atol=0)  # and nothing else changed
+    with pytest.raises(ValueError, match="at least one layer"):
+        kind(hid, 2, layers=0)
+    ref, _ = generate(None)
+    out, _ = generate({"method": kind.kind, "heads": deep, "num_tokens": 2})
+    assert out == ref

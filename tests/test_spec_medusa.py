@@ -22,8 +22,8 @@ from tests.helpers.engine_utils import random_prompts, run_to_completion, tiny_m
 VOCAB = 31
 
 
-def random_heads(model, k=3, seed=0, scale=0.3, kind=MedusaHeads) -> MedusaHeads:
-    heads = kind(model.config.hidden_size, k)
+def random_heads(model, k=3, seed=0, scale=0.3, kind=MedusaHeads, layers=1) -> MedusaHeads:
+    heads = kind(model.config.hidden_size, k, layers)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():
@@ -268,3 +268,40 @@ def test_held_out_prompts_keep_all_their_answers_out_of_training(answers):
     assert not {i % n for i in train} & set(hold)  # no answer of a held-out prompt is trained on
     dropped = [j * n + i for j in range(1, answers) for i in hold]  # sampled answers to held-out prompts
     assert sorted(train + hold + dropped) == list(range(n * answers))
+
+
+def fake_prompts(monkeypatch, n=6):
+    """own_answers' prompts without a tokenizer: random token ids."""
+    import minillm.spec_decode.medusa_train as mt
+
+    monkeypatch.setattr(mt, "training_prompts", lambda tok, *counts: random_prompts(n, VOCAB, 3, 9, seed=2))
+
+
+def test_answers_file_is_written_once_then_read_back_and_checked(tmp_path, monkeypatch):
+    import minillm.spec_decode.medusa_train as mt
+    from minillm.spec_decode.medusa_train import MedusaTrainReport, own_answers
+
+    fake_prompts(monkeypatch)
+    model = tiny_model(seed=1, vocab=VOCAB)
+    path = tmp_path / "answers.json"
+    cfg = MedusaTrainConfig(max_new_tokens=10, answers_per_prompt=2, answers_file=str(path))
+    first = MedusaTrainReport({})
+    seqs = own_answers(model, None, [], cfg, first, lambda s: None)
+    assert path.is_file() and len(seqs) == 12 and first.generate_s > 0 and not first.answers_read
+
+    def no_generation(*a, **k):
+        raise AssertionError("generated again although the answers file exists")
+    monkeypatch.setattr(mt, "generate", no_generation)
+    again = MedusaTrainReport({})
+    assert own_answers(model, None, [], cfg, again, lambda s: None) == seqs
+    assert again.answers_read and again.generate_s == 0
+    assert again.num_generated_tokens == first.num_generated_tokens
+    # other settings, another base model, a damaged file: clear errors, never a silent reuse
+    with pytest.raises(ValueError, match="max_new_tokens 10 in the file, 12 here"):
+        own_answers(model, None, [], MedusaTrainConfig(max_new_tokens=12, answers_per_prompt=2, answers_file=str(path)),
+                    MedusaTrainReport({}), lambda s: None)
+    with pytest.raises(ValueError, match="another base model"):
+        own_answers(tiny_model(seed=2, vocab=VOCAB), None, [], cfg, MedusaTrainReport({}), lambda s: None)
+    path.write_text(path.read_text()[:100])
+    with pytest.raises(ValueError, match="not a readable answers file"):
+        own_answers(model, None, [], cfg, MedusaTrainReport({}), lambda s: None)

@@ -53,6 +53,7 @@ class EagleTrainConfig:
     max_train_seconds: float | None = None
     answers_per_prompt: int = 1  # the greedy answer, then sampled ones (medusa_train.own_answers)
     sample_temperature: float = 0.8
+    answers_file: str | None = None  # read the answers from here if it exists, else write them (own_answers)
 
 
 @dataclass
@@ -63,9 +64,12 @@ class EagleTrainReport:
     num_train_positions: int = 0
     steps: int = 0
     generate_s: float = 0.0
+    answers_read: bool = False  # the answers came from cfg.answers_file (generate_s is then 0)
     hidden_s: float = 0.0
     train_s: float = 0.0
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
+    holdout_loss: float = 0.0  # the training loss on the held-out answers, without input noise
+    holdout_untrained_loss: float = 0.0  # the same for the zero-initialised layer
     holdout_top1: float = 0.0  # the first guess agrees with the base model's greedy token
     holdout_untrained_top1: float = 0.0  # the zero-initialised layer: the LM head's own guess for x_{p+1}
 
@@ -93,9 +97,9 @@ def padded_batch(model, seqs: list[tuple[list[int], int]], hiddens: list[torch.T
     return h, emb, nxt, y, mask
 
 
-def eagle_loss(model, layer: EagleLayer, cfg: EagleTrainConfig, batch) -> torch.Tensor:
+def eagle_loss(model, layer: EagleLayer, cfg: EagleTrainConfig, batch, noise: bool = True) -> torch.Tensor:
     h, emb, nxt, _, mask = batch
-    if cfg.noise:
+    if cfg.noise and noise:
         h = h + cfg.noise * h.pow(2).mean(-1, keepdim=True).sqrt() * torch.randn_like(h)
     rope = model.rotary.lookup(torch.arange(h.shape[1]))
     pred = layer(h, emb, rope)[mask]
@@ -119,6 +123,19 @@ def first_guess_top1(model, layer: EagleLayer, seqs, hiddens, batch: int = 8) ->
         right += int((lm_logits(model, pred).argmax(-1) == y[mask]).sum())
         total += int(mask.sum())
     return right / max(total, 1)
+
+
+@torch.no_grad()
+def held_out_loss(model, layer: EagleLayer, cfg: EagleTrainConfig, seqs, hiddens, batch: int = 8) -> float:
+    """eagle_loss over the held-out answers, weighted by positions and without input noise: one fixed set,
+    so a trained and an untrained layer compare whatever order the training batches came in."""
+    total = count = 0.0
+    for s in range(0, len(seqs), batch):
+        b = padded_batch(model, seqs[s : s + batch], hiddens[s : s + batch])
+        n = float(b[-1].sum())
+        total += float(eagle_loss(model, layer, cfg, b, noise=False)) * n
+        count += n
+    return total / max(count, 1.0)
 
 
 def train_layer(model, seqs: list[tuple[list[int], int]], hiddens: list[torch.Tensor], cfg: EagleTrainConfig,
@@ -145,7 +162,10 @@ def train_layer(model, seqs: list[tuple[list[int], int]], hiddens: list[torch.Te
     held = [seqs[i] for i in hold], [hiddens[i] for i in hold]
     report.holdout_top1 = first_guess_top1(model, layer, *held)
     report.holdout_untrained_top1 = first_guess_top1(model, EagleLayer(model.config), *held)
-    log(f"held-out first-guess top-1 {report.holdout_top1:.3f} (untrained {report.holdout_untrained_top1:.3f})")
+    report.holdout_loss = held_out_loss(model, layer, cfg, *held)
+    report.holdout_untrained_loss = held_out_loss(model, EagleLayer(model.config), cfg, *held)
+    log(f"held-out first-guess top-1 {report.holdout_top1:.3f} (untrained {report.holdout_untrained_top1:.3f}), "
+        f"loss {report.holdout_loss:.3f} (untrained {report.holdout_untrained_loss:.3f})")
     return layer
 
 

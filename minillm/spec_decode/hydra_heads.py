@@ -23,20 +23,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minillm.spec_decode.medusa_heads import MedusaHeads
+from minillm.spec_decode.medusa_heads import MedusaHeads, deeper_layers, run_layers
 
 
 class HydraBlock(nn.Module):
-    def __init__(self, hidden: int) -> None:
+    """z + SiLU(W [z; norm(e)] + b), then layers - 1 residual SiLU blocks on z alone (Hydra++'s deeper heads)."""
+
+    def __init__(self, hidden: int, layers: int = 1) -> None:
         super().__init__()
         # the embedding table's rows are not on the hidden state's scale (and Gemma's are scaled up): normalise them
         self.token_norm = nn.RMSNorm(hidden)
         self.linear = nn.Linear(2 * hidden, hidden)
         nn.init.zeros_(self.linear.weight)  # identity at the start, as a Medusa head
         nn.init.zeros_(self.linear.bias)
+        self.extra = deeper_layers(hidden, layers)
 
     def forward(self, z: torch.Tensor, token_embedding: torch.Tensor) -> torch.Tensor:
-        return z + nn.functional.silu(self.linear(torch.cat([z, self.token_norm(token_embedding)], dim=-1)))
+        z = z + nn.functional.silu(self.linear(torch.cat([z, self.token_norm(token_embedding)], dim=-1)))
+        return run_layers(self.extra, z)
 
 
 class HydraHeads(MedusaHeads):

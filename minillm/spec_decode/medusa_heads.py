@@ -43,26 +43,44 @@ def read_module_file(path: str | Path, what: str, train_command: str) -> tuple[d
 
 
 class ResBlock(nn.Module):
-    def __init__(self, hidden: int) -> None:
+    """h + SiLU(W h + b), then layers - 1 more of the same (Hydra++'s deeper heads; one is Medusa's)."""
+
+    def __init__(self, hidden: int, layers: int = 1) -> None:
         super().__init__()
         self.linear = nn.Linear(hidden, hidden)
         nn.init.zeros_(self.linear.weight)  # identity at the start: the head first copies the LM head's guess
         nn.init.zeros_(self.linear.bias)
+        self.extra = deeper_layers(hidden, layers)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h + nn.functional.silu(self.linear(h))
+        return run_layers(self.extra, h + nn.functional.silu(self.linear(h)))
+
+
+def deeper_layers(hidden: int, layers: int) -> nn.ModuleList:
+    """A head's layers after its first: residual SiLU blocks, each the identity at the start (an empty
+    list for one layer, so one-layer files keep their tensor names)."""
+    if layers < 1:
+        raise ValueError(f"a head needs at least one layer, got {layers}")
+    return nn.ModuleList(ResBlock(hidden) for _ in range(layers - 1))
+
+
+def run_layers(extra: nn.ModuleList, z: torch.Tensor) -> torch.Tensor:
+    for block in extra:
+        z = block(z)
+    return z
 
 
 class MedusaHeads(nn.Module):
     kind = "medusa"  # the file's "kind" (hydra_heads.py: heads that also read the guessed tokens)
     block = ResBlock
 
-    def __init__(self, hidden_size: int, num_heads: int = 3) -> None:
+    def __init__(self, hidden_size: int, num_heads: int = 3, layers: int = 1) -> None:
         super().__init__()
         if num_heads < 1:
             raise ValueError(f"Medusa needs at least one head, got {num_heads}")
         self.hidden_size = hidden_size
-        self.heads = nn.ModuleList(self.block(hidden_size) for _ in range(num_heads))
+        self.layers = layers
+        self.heads = nn.ModuleList(self.block(hidden_size, layers) for _ in range(num_heads))
         self.metadata: dict[str, str] = {}
 
     @property
@@ -77,7 +95,8 @@ class MedusaHeads(nn.Module):
     # ----- files ---------------------------------------------------------------------------
     def save(self, path: str | Path, **metadata) -> None:
         meta = {**self.metadata, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}}
-        meta.update(num_heads=str(self.num_heads), hidden_size=str(self.hidden_size), kind=self.kind)
+        meta.update(num_heads=str(self.num_heads), hidden_size=str(self.hidden_size), kind=self.kind,
+                    head_layers=str(self.layers))
         save_module(self, path, meta)
 
     @classmethod
@@ -94,7 +113,7 @@ class MedusaHeads(nn.Module):
         kind = meta.get("kind", "medusa")
         if kind not in kinds:
             raise ValueError(f"{p}: heads of kind {kind!r}; this minillm knows {sorted(kinds)}")
-        heads = kinds[kind](h, n)
+        heads = kinds[kind](h, n, int(meta.get("head_layers", 1)))
         try:
             heads.load_state_dict(tensors)
         except RuntimeError as e:

@@ -35,6 +35,7 @@ import json
 import random
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -68,6 +69,8 @@ class MedusaTrainConfig:
     feature_weight: float = 0.0  # weight of the regression of head i's state onto h_{t+i}
     answers_per_prompt: int = 1  # the greedy answer, then sampled ones: more of the model's own text
     sample_temperature: float = 0.8
+    answers_file: str | None = None  # read the answers from here if it exists, else write them (own_answers)
+    head_layers: int = 1  # residual layers per head (Hydra++ found deeper heads better)
 
 
 @dataclass
@@ -78,6 +81,7 @@ class MedusaTrainReport:
     num_train_positions: int = 0
     steps: int = 0
     generate_s: float = 0.0
+    answers_read: bool = False  # the answers came from cfg.answers_file (generate_s is then 0)
     hidden_s: float = 0.0
     train_s: float = 0.0
     loss_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss over heads)
@@ -111,21 +115,70 @@ def generate(model, tokenizer, eos_ids, prompts: list[list[int]], max_new_tokens
     return [(prompts[r % n] + done[r], len(prompts[r % n])) for r in range(n * answers_per_prompt)]
 
 
+ANSWER_SETTINGS = ("num_chat_prompts", "num_topic_questions", "num_general_questions", "passage_chars",
+                   "max_new_tokens", "answers_per_prompt", "sample_temperature", "seed")
+
+
 def own_answers(model, tokenizer, eos_ids, cfg, report, log) -> list[tuple[list[int], int]]:
     """The training prompts (cfg's counts) answered by the model itself: each greedily once, and
     cfg.answers_per_prompt - 1 more times sampled at cfg.sample_temperature (more text of the model's
     own, for the same prompts); fills report's generate_s, num_sequences and num_generated_tokens
-    (Medusa's and EAGLE's training share it). Laid out as `generate` says."""
-    t0 = time.perf_counter()
-    prompts = training_prompts(tokenizer, cfg.num_chat_prompts, cfg.num_topic_questions, cfg.num_general_questions,
-                               cfg.passage_chars, cfg.seed)
-    seqs = generate(model, tokenizer, eos_ids, prompts, cfg.max_new_tokens, cfg.answers_per_prompt,
-                    cfg.sample_temperature, cfg.seed)
-    report.generate_s = time.perf_counter() - t0
+    (Medusa's and EAGLE's training share it). Laid out as `generate` says.
+
+    With cfg.answers_file set, the answers are read from that file when it exists (written by an earlier
+    run with the same settings on the same base model; anything else is an error, never a silent reuse)
+    and written there otherwise: generation is most of a run's time, and Medusa, Hydra and EAGLE runs
+    can share one."""
+    path = getattr(cfg, "answers_file", None)
+    settings = {k: getattr(cfg, k) for k in ANSWER_SETTINGS}
+    if path and Path(path).is_file():
+        seqs, made_in_s = read_answers(path, settings, embedding_fingerprint(model))
+        report.answers_read = True  # this run's generate_s stays 0: it generated nothing
+        log(f"read {len(seqs)} answers from {path} ({sum(len(i) - p for i, p in seqs)} generated tokens; "
+            f"their generation took {made_in_s:.0f} s)")
+    else:
+        t0 = time.perf_counter()
+        prompts = training_prompts(tokenizer, cfg.num_chat_prompts, cfg.num_topic_questions, cfg.num_general_questions,
+                                   cfg.passage_chars, cfg.seed)
+        seqs = generate(model, tokenizer, eos_ids, prompts, cfg.max_new_tokens, cfg.answers_per_prompt,
+                        cfg.sample_temperature, cfg.seed)
+        report.generate_s = time.perf_counter() - t0
+        if path:
+            write_answers(path, settings, embedding_fingerprint(model), seqs, report.generate_s)
     report.num_sequences = len(seqs)
     report.num_generated_tokens = sum(len(ids) - p for ids, p in seqs)
-    log(f"generated {report.num_generated_tokens} tokens in {len(seqs)} answers ({report.generate_s:.0f} s)")
+    if not report.answers_read:
+        log(f"generated {report.num_generated_tokens} tokens in {len(seqs)} answers ({report.generate_s:.0f} s)")
     return seqs
+
+
+def write_answers(path, settings: dict, fingerprint: str, seqs: list[tuple[list[int], int]], generate_s: float) -> None:
+    """The generated answers as JSON: the settings that made them, the base model's fingerprint, and
+    [token ids, prompt length] per sequence (a few MB for 1,000 answers)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    part = Path(f"{path}.part")  # renamed when whole: an interrupted run leaves no half file to be read later
+    with open(part, "w") as f:
+        json.dump({"settings": settings, "base_fingerprint": fingerprint, "generate_s": generate_s,
+                   "seqs": [[ids, plen] for ids, plen in seqs]}, f)
+    part.replace(path)
+
+
+def read_answers(path, settings: dict, fingerprint: str) -> tuple[list[tuple[list[int], int]], float]:
+    """(write_answers' sequences, the seconds their generation took), after checking they were made by this base model with these settings."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        seqs = [(list(ids), int(plen)) for ids, plen in data["seqs"]]
+        saved, saved_fp, made_in_s = data["settings"], data["base_fingerprint"], float(data["generate_s"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a readable answers file ({type(e).__name__}: {e})") from e
+    if saved_fp != fingerprint:
+        raise ValueError(f"{path}: answers of another base model (embedding fingerprint {saved_fp}, this one's {fingerprint})")
+    differ = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != v}
+    if differ:
+        raise ValueError(f"{path}: answers made with other settings: "
+                         + ", ".join(f"{k} {a!r} in the file, {b!r} here" for k, (a, b) in differ.items()))
+    return seqs, made_in_s
 
 
 def split_by_prompt(num_seqs: int, answers_per_prompt: int, holdout: float,
@@ -272,6 +325,8 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
     if not cfg.feature_weight >= 0:
         raise ValueError(f"feature_weight must be >= 0, got {cfg.feature_weight}")
     check_answer_settings(cfg)
+    if cfg.head_layers < 1:
+        raise ValueError(f"head_layers must be >= 1, got {cfg.head_layers}")
     torch.manual_seed(cfg.seed)
     report = MedusaTrainReport(asdict(cfg))
     seqs = own_answers(model, tokenizer, eos_ids, cfg, report, log)
@@ -285,7 +340,7 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
     report.num_train_positions = int(h_tr.shape[0])
     log(f"{h_tr.shape[0]} training positions, {h_ho.shape[0]} held out ({report.hidden_s:.0f} s of prefill)")
 
-    heads = KINDS[cfg.kind](model.config.hidden_size, cfg.num_heads)
+    heads = KINDS[cfg.kind](model.config.hidden_size, cfg.num_heads, cfg.head_layers)
     for p in model.parameters():
         p.requires_grad_(False)
     num_batches = -(-h_tr.shape[0] // cfg.batch_positions)
@@ -299,7 +354,8 @@ def train_heads(model, tokenizer, eos_ids, cfg: MedusaTrainConfig, log=print) ->
     optimise(heads, epoch_losses, cfg.epochs, num_batches, cfg.lr, cfg.weight_decay, cfg.max_train_seconds, report, log)
     heads.eval()
     report.holdout_top1, report.holdout_chain_acceptance = evaluate(model, heads, h_ho, y_ho)
-    report.holdout_untrained_top1, _ = evaluate(model, KINDS[cfg.kind](model.config.hidden_size, cfg.num_heads),
+    report.holdout_untrained_top1, _ = evaluate(model, KINDS[cfg.kind](model.config.hidden_size, cfg.num_heads,
+                                                                       cfg.head_layers),
                                                 h_ho, y_ho)
     log("held-out top-1 per head: " + ", ".join(f"{a:.2f}" for a in report.holdout_top1)
         + "; chain: " + ", ".join(f"{a:.2f}" for a in report.holdout_chain_acceptance))
