@@ -22,6 +22,7 @@ with the base model's greedy token is the acceptance of a one-token draft.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -97,9 +98,9 @@ def padded_batch(model, seqs: list[tuple[list[int], int]], hiddens: list[torch.T
     return h, emb, nxt, y, mask
 
 
-def eagle_loss(model, layer: EagleLayer, cfg: EagleTrainConfig, batch, noise: bool = True) -> torch.Tensor:
+def eagle_loss(model, layer: EagleLayer, cfg: EagleTrainConfig, batch) -> torch.Tensor:
     h, emb, nxt, _, mask = batch
-    if cfg.noise and noise:
+    if cfg.noise:
         h = h + cfg.noise * h.pow(2).mean(-1, keepdim=True).sqrt() * torch.randn_like(h)
     rope = model.rotary.lookup(torch.arange(h.shape[1]))
     pred = layer(h, emb, rope)[mask]
@@ -129,11 +130,12 @@ def first_guess_top1(model, layer: EagleLayer, seqs, hiddens, batch: int = 8) ->
 def held_out_loss(model, layer: EagleLayer, cfg: EagleTrainConfig, seqs, hiddens, batch: int = 8) -> float:
     """eagle_loss over the held-out answers, weighted by positions and without input noise: one fixed set,
     so a trained and an untrained layer compare whatever order the training batches came in."""
+    clean = dataclasses.replace(cfg, noise=0.0)
     total = count = 0.0
     for s in range(0, len(seqs), batch):
         b = padded_batch(model, seqs[s : s + batch], hiddens[s : s + batch])
         n = float(b[-1].sum())
-        total += float(eagle_loss(model, layer, cfg, b, noise=False)) * n
+        total += float(eagle_loss(model, layer, clean, b)) * n
         count += n
     return total / max(count, 1.0)
 

@@ -129,13 +129,12 @@ def own_answers(model, tokenizer, eos_ids, cfg, report, log) -> list[tuple[list[
     run with the same settings on the same base model; anything else is an error, never a silent reuse)
     and written there otherwise: generation is most of a run's time, and Medusa, Hydra and EAGLE runs
     can share one."""
-    path = getattr(cfg, "answers_file", None)
+    path = cfg.answers_file
     settings = {k: getattr(cfg, k) for k in ANSWER_SETTINGS}
+    made_in_s = None
     if path and Path(path).is_file():
         seqs, made_in_s = read_answers(path, settings, embedding_fingerprint(model))
         report.answers_read = True  # this run's generate_s stays 0: it generated nothing
-        log(f"read {len(seqs)} answers from {path} ({sum(len(i) - p for i, p in seqs)} generated tokens; "
-            f"their generation took {made_in_s:.0f} s)")
     else:
         t0 = time.perf_counter()
         prompts = training_prompts(tokenizer, cfg.num_chat_prompts, cfg.num_topic_questions, cfg.num_general_questions,
@@ -147,7 +146,10 @@ def own_answers(model, tokenizer, eos_ids, cfg, report, log) -> list[tuple[list[
             write_answers(path, settings, embedding_fingerprint(model), seqs, report.generate_s)
     report.num_sequences = len(seqs)
     report.num_generated_tokens = sum(len(ids) - p for ids, p in seqs)
-    if not report.answers_read:
+    if report.answers_read:
+        log(f"read {len(seqs)} answers from {path} ({report.num_generated_tokens} generated tokens; "
+            f"their generation took {made_in_s:.0f} s)")
+    else:
         log(f"generated {report.num_generated_tokens} tokens in {len(seqs)} answers ({report.generate_s:.0f} s)")
     return seqs
 
@@ -164,7 +166,8 @@ def write_answers(path, settings: dict, fingerprint: str, seqs: list[tuple[list[
 
 
 def read_answers(path, settings: dict, fingerprint: str) -> tuple[list[tuple[list[int], int]], float]:
-    """(write_answers' sequences, the seconds their generation took), after checking they were made by this base model with these settings."""
+    """(write_answers' sequences, the seconds their generation took), after checking that this base model
+    made them with these settings."""
     try:
         with open(path) as f:
             data = json.load(f)
