@@ -30,17 +30,76 @@ def test_compiled_decode_matches_eager(kv_cache_dtype, capfd):
     assert "AUTOTUNE" not in err and "Autotune Choices" not in err
 
 
-def test_compiled_engine_keeps_the_lm_head_row_major_for_the_few_row_kernel():
-    # the compiled step reads the body's weights K-major; the embedding and the LM head (which runs outside
-    # the compiled step) keep nn.Linear's layout, tied as before, and the head is a SkinnyLinear
+@pytest.mark.parametrize("layout", ["k-major", "row-major"])
+def test_compiled_engine_keeps_the_lm_head_row_major_for_the_few_row_kernel(layout, monkeypatch):
+    # the compiled step reads the body's weights in the chosen layout (model_runner.compiled_body_layout);
+    # the embedding and the LM head (which runs outside the compiled step) keep nn.Linear's layout, tied as
+    # before, and every linear is a SkinnyLinear
     import torch
 
     from minillm.models.skinny_linear import SkinnyLinear
 
+    monkeypatch.setenv("MINILLM_COMPILED_BODY", layout)
     model = tiny_model(heads=4, kv_heads=2, head_dim=16)  # tied embeddings
     eager_head = model.lm_head.weight
     LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=16, compile=True))
     assert isinstance(model.lm_head, SkinnyLinear) and model.lm_head.weight.is_contiguous()
     assert model.lm_head.weight is model.embed_tokens.weight is eager_head
     body = [m for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
-    assert body and all(m.weight.t().is_contiguous() and not m.weight.is_contiguous() for m in body)
+    assert body and all(isinstance(m, SkinnyLinear) for m in body)
+    if layout == "k-major":
+        assert all(m.weight.t().is_contiguous() and not m.weight.is_contiguous() for m in body)
+    else:
+        assert all(m.weight.is_contiguous() for m in body)
+
+
+def test_the_compiled_body_layout_is_k_major_unless_the_variable_says_otherwise(monkeypatch):
+    from minillm.engine import model_runner
+
+    monkeypatch.delenv("MINILLM_COMPILED_BODY", raising=False)
+    assert model_runner.compiled_body_layout() == "k-major"
+    monkeypatch.setenv("MINILLM_COMPILED_BODY", "row-major")
+    assert model_runner.compiled_body_layout() == "row-major"
+    monkeypatch.setenv("MINILLM_COMPILED_BODY", "column")
+    with pytest.raises(ValueError, match="MINILLM_COMPILED_BODY must be one of"):
+        model_runner.compiled_body_layout()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["k-major", "row-major"])
+def test_a_row_major_compiled_step_calls_the_few_row_kernel_and_matches_eager(layout, monkeypatch):
+    """Row-major layers: a decode graph of a constant few rows calls the kernel's op (counted while Dynamo
+    traces), K-major ones never; both give the eager engine's greedy tokens."""
+    import torch
+
+    from minillm.kernels import skinny_cpu
+
+    if not skinny_cpu.available():
+        pytest.skip("the few-row kernel could not be built here")
+    monkeypatch.setenv("MINILLM_COMPILED_BODY", layout)
+    traced = []
+    real = skinny_cpu.linear
+
+    def counting(*args, **kwargs):
+        if torch.compiler.is_compiling():  # a call Dynamo puts into a graph (not eager prefill or the LM head)
+            traced.append(args[0].shape[0])
+        return real(*args, **kwargs)
+
+    prompts = random_prompts(3, 97, 4, 20, seed=11)
+
+    def go(compile):
+        model = tiny_model(heads=4, kv_heads=2, head_dim=16, seed=3)
+        eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=8,
+                                                      max_num_batched_tokens=64, compile=compile))
+        for i, p in enumerate(prompts):
+            eng.add_request(str(i), p, greedy(8))
+        out = run_to_completion(eng)
+        return [out[str(i)] for i in range(len(prompts))]
+
+    eager = go(False)
+    monkeypatch.setattr(skinny_cpu, "linear", counting)
+    assert go(True) == eager
+    if layout == "row-major":
+        assert traced and set(traced) <= {1, 2, 3}  # the graphs' decode rows: the few-row kernel's case
+    else:
+        assert not traced

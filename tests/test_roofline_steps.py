@@ -154,19 +154,23 @@ def test_the_compute_roof_covers_the_models_prefill_products(monkeypatch):
     import torch
 
     from minillm.loader import load_config
-    from minillm.models.skinny_linear import MAX_ROWS
+    from minillm.models.skinny_linear import transposed_max_rows
     from minillm.roofline import roofs as R
 
     try:
         cfg = load_config()  # the default model's header only
     except FileNotFoundError as e:
         pytest.skip(str(e))
+    qkv = cfg.num_attention_heads * cfg.head_dim + 2 * cfg.num_key_value_heads * cfg.head_dim
+    h, inter = cfg.hidden_size, cfg.intermediate_size
     prefill = R.model_gemm_shapes(cfg, 512)
-    assert (cfg.num_attention_heads * cfg.head_dim + 2 * cfg.num_key_value_heads * cfg.head_dim, cfg.hidden_size,
-            512, "nt") in prefill and (cfg.hidden_size, cfg.intermediate_size, 512, "nt") in prefill
+    if transposed_max_rows() >= 512:  # W @ x.T
+        assert (qkv, h, 512, "nt") in prefill and (h, inter, 512, "nt") in prefill
+    else:  # an Intel CPU: x @ W.T from 33 rows
+        assert (512, h, qkv, "nt") in prefill and (512, inter, h, "nt") in prefill
     assert set(prefill) <= set(R.MATMUL_SHAPES["cpu"]), "the default model's prefill products must be measured"
-    long = R.model_gemm_shapes(cfg, MAX_ROWS + 1)  # beyond SkinnyLinear's rows: x @ W.T
-    assert long[0] == (MAX_ROWS + 1, cfg.hidden_size, prefill[0][0], "nt")
+    rows = transposed_max_rows() + 1  # beyond SkinnyLinear's W @ x.T: x @ W.T
+    assert R.model_gemm_shapes(cfg, rows)[0] == (rows, h, qkv, "nt")
 
     # the "nt" layout multiplies by a transposed view, as the engine does; FLOP/s counted as 2mkn
     assert all(f > 0 for f in R.measure_gemm(torch.device("cpu"), torch.float32, (32, 48, 16, "nt"), 2))

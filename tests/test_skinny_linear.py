@@ -83,9 +83,41 @@ def test_a_kernel_that_cannot_build_warns_and_falls_back():
     assert gguf_cpu.loads_or_warns(lambda: None, "unused") is True
 
 
+@pytest.fixture
+def transposed_product(monkeypatch):
+    """W @ x.T up to MAX_ROWS, as on a CPU other than Intel's (on Intel's, F.linear from 33 rows)."""
+    from minillm.models import skinny_linear
+
+    monkeypatch.setattr(skinny_linear, "transposed_max_rows", lambda: MAX_ROWS)
+
+
+@pytest.mark.parametrize("vendor", ["intel", "amd"])
+def test_beyond_the_kernels_an_intel_cpu_takes_mkls_own_product(vendor, monkeypatch):
+    from minillm.kernels import tiled_cpu
+    from minillm.models import skinny_linear
+
+    monkeypatch.setattr(tiled_cpu, "_ready", False)  # the path beyond both kernels
+    monkeypatch.setattr(tiled_cpu, "cpu_vendor", lambda: vendor)
+    monkeypatch.delenv("MINILLM_TILED", raising=False)
+    skinny_linear.transposed_max_rows.cache_clear()
+    try:
+        assert skinny_linear.transposed_max_rows() == (32 if vendor == "intel" else MAX_ROWS)
+        lin = nn.Linear(96, 200)
+        use_skinny_linears(lin)
+        lin.column_major_out = True
+        x = torch.randn(100, 96)
+        with torch.no_grad():
+            y = lin(x)
+        # Intel: F.linear's own product and layout; elsewhere W @ x.T's transpose as a view
+        assert y.is_contiguous() == (vendor == "intel")
+        torch.testing.assert_close(y, nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    finally:
+        skinny_linear.transposed_max_rows.cache_clear()
+
+
 @pytest.mark.parametrize("rows", [33, 64, 128])
 @pytest.mark.parametrize("bias", [False, True])
-def test_column_major_out_is_the_same_product_as_a_column_major_view(rows, bias):
+def test_column_major_out_is_the_same_product_as_a_column_major_view(rows, bias, transposed_product):
     """A layer read only elementwise gets W @ x.T's transpose as a view: same values as nn.Linear, strides
     (1, rows); an elementwise op keeps that layout, and `residual + x` (RMSNorm's order) is row-major again."""
     torch.manual_seed(rows)
@@ -112,7 +144,7 @@ def _check_column_major(lin, ref, x, rows):
 
 
 @pytest.mark.parametrize("rows", [33, 100])
-def test_a_wide_layer_is_multiplied_in_blocks_of_output_rows(rows, monkeypatch):
+def test_a_wide_layer_is_multiplied_in_blocks_of_output_rows(rows, monkeypatch, transposed_product):
     """Beyond OUT_BLOCK outputs (an LM head), the product runs block by block: exactly one W @ x.T.
     (Where the tiled kernel is built it takes these rows; this is the path where it is not.)"""
     from minillm.kernels import tiled_cpu

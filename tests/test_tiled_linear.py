@@ -47,12 +47,30 @@ def test_tiled_kernel_refuses_what_it_cannot_do():
         tiled_cpu.linear(torch.randn(40, 8), torch.randn(4, 9))
     with pytest.raises(RuntimeError, match="contiguous"):
         tiled_cpu.linear(torch.randn(40, 8), torch.randn(8, 4).t())
-    w = torch.randn(64, 64)
-    lo = tiled_cpu.MIN_ROWS
-    assert tiled_cpu.applies(lo, torch.randn(lo, 64), w) and not tiled_cpu.applies(lo - 1, torch.randn(lo - 1, 64), w)
-    assert not tiled_cpu.applies(tiled_cpu.MAX_ROWS + 1, torch.randn(tiled_cpu.MAX_ROWS + 1, 64), w)
-    wide = torch.randn(tiled_cpu.WIDE * 64, 64)  # a wide layer keeps the kernel at prefill's row counts
-    assert tiled_cpu.applies(2048, torch.randn(2048, 64), wide)
+
+
+@needs_kernel
+@pytest.mark.parametrize("vendor", ["amd", "intel", "other"])
+def test_the_kernel_takes_the_rows_it_was_measured_faster_at_on_each_cpu(vendor, monkeypatch):
+    monkeypatch.setattr(tiled_cpu, "cpu_vendor", lambda: vendor)
+    monkeypatch.delenv("MINILLM_TILED", raising=False)
+    tiled_cpu.row_limits.cache_clear()
+    try:
+        def takes(rows, weight):
+            return tiled_cpu.applies(rows, torch.randn(rows, 64), weight)
+
+        narrow, wide = torch.randn(64, 64), torch.randn(tiled_cpu.WIDE * 64, 64)
+        lo = tiled_cpu.MIN_ROWS
+        assert not takes(lo - 1, narrow) and not takes(lo - 1, wide)  # below: the few-row kernel
+        if vendor == "intel":  # MKL's own sgemm wins all but the wide layers' 24-64 rows
+            assert takes(lo, wide) and takes(64, wide) and not takes(65, wide) and not takes(2048, wide)
+            assert not takes(lo, narrow)
+            monkeypatch.setenv("MINILLM_TILED", "full")  # forced over its full range, as elsewhere
+            tiled_cpu.row_limits.cache_clear()
+        assert takes(lo, narrow) and takes(tiled_cpu.MAX_ROWS, narrow) and not takes(tiled_cpu.MAX_ROWS + 1, narrow)
+        assert takes(2048, wide)  # a wide layer keeps the kernel at prefill's row counts
+    finally:
+        tiled_cpu.row_limits.cache_clear()
 
 
 @needs_kernel

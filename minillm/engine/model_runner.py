@@ -8,6 +8,7 @@ A tensor-parallel rank runs the same ModelRunner on its shard (parallel/), so
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
@@ -45,6 +46,27 @@ def check_moe_options(config: EngineConfig) -> None:
                          "reads token counts on the host every layer, which a graph cannot capture)")
 
 
+COMPILED_BODY_ENV = "MINILLM_COMPILED_BODY"
+COMPILED_BODY_LAYOUTS = ("row-major", "k-major")
+
+
+def compiled_body_layout() -> str:
+    """How a compiled float32 CPU engine stores its layers' weights: "k-major" (inductor's own code on
+    transposed weights; the default) or "row-major" (nn.Linear's: decode steps of up to 32 rows call
+    the few-row kernel inside the graph; MINILLM_COMPILED_BODY=row-major). Measured on a 2-vCPU Xeon,
+    two engines interleaved in one process, same tokens: row-major ran batch 8 x1.21-1.23 faster (41.4
+    -> 34.0 ms a step), batch 1 and 48 level (x0.92-1.08 over five runs); but `bench latency --compile`,
+    one engine per process, alternated, put its 1,024-token prefill 12-18% behind (1,430-1,507 against
+    1,252-1,313 ms) and batch 1 0-6% behind. On a 2-core EPYC (Zen 4) K-major ran batch 1 x1.12
+    faster (17.7 against 19.9 ms) and lost batch 4 (33.5 against 20.2 ms). So K-major stays the
+    default: batch 1 and prefill are what a compiled engine is for; row-major is the choice for
+    small batches (a few users, speculative verify steps)."""
+    layout = os.environ.get(COMPILED_BODY_ENV, "k-major")
+    if layout not in COMPILED_BODY_LAYOUTS:
+        raise ValueError(f"{COMPILED_BODY_ENV} must be one of {COMPILED_BODY_LAYOUTS}, got {layout!r}")
+    return layout
+
+
 class ModelRunner(Executor):
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig, plan: KVCachePlan | None = None,
                  graphs: bool | None = None) -> None:
@@ -54,15 +76,13 @@ class ModelRunner(Executor):
         self.device = model.embed_tokens.weight.device
         self.plan = plan or plan_kv_cache(model, config, self.device)
         if self.device.type == "cpu" and model.embed_tokens.weight.dtype == torch.float32:
-            if config.compile:
-                # the measured layout of the compiled decode step (see the method); bf16 gains
-                # nothing at batch 1 and loses ~10% at batch 8, so it keeps nn.Linear's layout
+            # few-row products through the few-row kernel (models/skinny_linear.py): faster decode, and
+            # verify steps and small batches stop costing a decode step per row. A compiled decode step
+            # calls it from its graph (SkinnyLinear._traced_forward) where its layers stay row-major
+            use_skinny_linears(model)
+            if config.compile and compiled_body_layout() == "k-major":
+                # bf16 gains nothing from K-major at batch 1 and loses ~10% at batch 8: float32 only
                 model.use_k_major_weights()
-                use_skinny_linears(model.lm_head)  # it runs outside the compiled step (compute_logits)
-            else:
-                # eager: few-row products as W @ x.T (models/skinny_linear.py): faster decode, and
-                # verify steps and small batches stop costing a decode step per row
-                use_skinny_linears(model)
         self.backend = make_attention_backend(config.backend_for(self.device))
         graphs = use_cuda_graphs(config, self.device) if graphs is None else graphs
         self.moe_blocks = moe_blocks(model)

@@ -124,7 +124,8 @@ class LlamaForCausalLM(nn.Module):
         """Store the body's matmul weights transposed in memory (still seen as [out, in]).
 
         At batch 1 each linear is a matrix-vector product that streams the weight
-        once; on x86 CPUs the BLAS reads a K-major weight ~1.6x faster than the
+        once; on the CPUs where a compiled engine uses this (engine/model_runner.py,
+        compiled_body_layout) inductor's code reads a K-major weight faster than the
         row-major one nn.Linear uses, while batched matmuls run the same. Values,
         shapes and names are unchanged. The embedding and the LM head keep their
         layout: a lookup reads whole rows, and the head runs outside the compiled

@@ -43,13 +43,22 @@ layout directly, so neither the transposed view nor the blocks above are needed 
 they remain the path where it cannot be built (MINILLM_TILED=mkl). Neither kernel has an autograd
 formula, so a forward that records a graph takes F.linear.
 
+On an Intel CPU MKL runs its own tuned sgemm, and both the tiled kernel's range and the W @ x.T
+path above 32 rows lose to plain F.linear there (kernels/tiled_cpu.py's Xeon table,
+`transposed_max_rows`): such a CPU keeps the tiled kernel for the wide layers' 24-64 rows only
+and takes F.linear from 33 rows on everything else.
+
 Values are the same products (each output a dot product over `in`), only the
-kernel differs (and so the order of the float sums). Used in eager mode, and for
-the LM head of a compiled engine (it runs outside the compiled step): inside a
-compiled decode step inductor's code on K-major weights is faster, and other
-dtypes and devices use F.linear.
+kernel differs (and so the order of the float sums). Used in eager mode, for the
+LM head of a compiled engine (it runs outside the compiled step), and inside a
+compiled decode step of up to 32 rows where the layers stay row-major
+(engine/model_runner.compiled_body_layout: on an Intel CPU; elsewhere inductor's
+code on K-major weights measured faster at batch 1). Other dtypes and devices use
+F.linear.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -59,6 +68,15 @@ from minillm.kernels import skinny_cpu, tiled_cpu
 
 MAX_ROWS = 512  # measured faster up to 256 rows on every layer shape of the default model
 OUT_BLOCK = 4096  # output rows per product of a wide layer (the module docstring's measurement)
+
+
+@functools.cache
+def transposed_max_rows() -> int:
+    """Rows up to which `W @ x.T` runs where neither kernel does: MAX_ROWS, but on an Intel CPU only the
+    few-row kernel's 32, since MKL's own sgemm (F.linear) is faster above. Same Xeon as in
+    kernels/tiled_cpu.py, ms: qkv [960, 576] at 48 / 64 rows 0.36 / 0.45 as W @ x.T, 0.31 / 0.33 through
+    F.linear; the LM head at 96 rows 31.9 against 24.2."""
+    return skinny_cpu.MAX_ROWS if tiled_cpu.mkl_preferred() else MAX_ROWS
 
 
 def padded_rows(rows: int) -> int:
@@ -83,16 +101,17 @@ class SkinnyLinear(nn.Linear):
         # the frozen LM head) takes F.linear, whose gradient is exact
         records = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
         if (rows == 0 or records or x.device.type != "cpu" or x.dtype != torch.float32
-                or self.weight.dtype != torch.float32 or not self.weight.is_contiguous()  # K-major: slow here
-                or torch.compiler.is_compiling()):
+                or self.weight.dtype != torch.float32 or not self.weight.is_contiguous()):  # K-major: slow here
             return F.linear(x, self.weight, self.bias)
         x2 = x.reshape(rows, x.shape[-1])
+        if torch.compiler.is_compiling():
+            return self._traced_forward(x, x2, rows)
         if tiled_cpu.applies(rows, x2, self.weight):  # the product comes out in the layout its readers want
             y = tiled_cpu.linear(x2, self.weight, self.bias, row_major_out=not self.column_major_out)
             return (y.t() if self.column_major_out else y).reshape(*x.shape[:-1], self.out_features)
         if skinny_cpu.applies(rows, x2, self.weight):
             return skinny_cpu.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
-        if rows > MAX_ROWS:
+        if rows > transposed_max_rows():
             return F.linear(x, self.weight, self.bias)
         padded = padded_rows(rows)
         if padded != rows:
@@ -106,6 +125,17 @@ class SkinnyLinear(nn.Linear):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _traced_forward(self, x: torch.Tensor, x2: torch.Tensor, rows: int | torch.SymInt) -> torch.Tensor:
+        """Inside a compiled decode step: the few-row kernel as a custom op where the graph's row count is
+        a constant (a decode graph is specialised per batch size), else F.linear for inductor to plan (a
+        symbolic count would make the kernel's row limit a guard of the graph). Paired in one process
+        against inductor on K-major weights (the layout compiled engines used before), same tokens,
+        2-vCPU Xeon: batch 8 x1.23 (41.4 -> 34.0 ms a step), batch 1 level (x0.92-x1.08 over four
+        runs), prefill unchanged. The tiled kernel stays out: at 48 rows its graphs ran 12% slower."""
+        if isinstance(rows, int) and skinny_cpu.applies(rows, x2, self.weight):
+            return skinny_cpu.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
+        return F.linear(x, self.weight, self.bias)
 
 
 def blocked_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

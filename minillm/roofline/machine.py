@@ -125,6 +125,11 @@ def cpu_kernels() -> dict[str, str | None]:
     feats = cpu_features()
     # quant_cpu_route: what int8/int4 layers multiply with (minillm.quant.cpu_route); "blocks" may build the kernels
     route = os.environ.get("MINILLM_QUANT_CPU_ROUTE") or "bf16"  # the default on every CPU (cpu_route.py says why)
+    from minillm.engine.model_runner import compiled_body_layout
+
     return {"torch_cpu_capability": feats.torch_capability, "gguf_blocks": gguf_cpu.loaded_isa(),
             "native_bf16": feats.native_bf16, "quant_cpu_route": route,
-            "float32_batched_linear": tiled_cpu.loaded_isa()}  # None: MKL (not built yet, or MINILLM_TILED=mkl)
+            "float32_batched_linear": tiled_cpu.loaded_isa(),  # None: MKL (not built yet, or MINILLM_TILED=mkl)
+            "cpu_vendor": tiled_cpu.cpu_vendor(),
+            "float32_batched_linear_rows": tiled_cpu.row_limits().why,  # where the tiled kernel beats MKL here
+            "compiled_float32_body": compiled_body_layout()}

@@ -48,10 +48,12 @@ DEFAULT_COPY_BYTES = 512 * 2**20
 # tests check they match). A GPU needs more work per launch.
 MATMUL_SHAPES = {
     "cpu": [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (512, 576, 1536), (256, 1024, 4096),
-            (960, 576, 512, "nt"), (576, 576, 512, "nt"), (3072, 576, 512, "nt"), (576, 1536, 512, "nt")],
+            (960, 576, 512, "nt"), (576, 576, 512, "nt"), (3072, 576, 512, "nt"), (576, 1536, 512, "nt"),
+            (512, 576, 960, "nt"), (512, 576, 576, "nt"), (512, 576, 3072, "nt"), (512, 1536, 576, "nt")],
     "cuda": [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (4096, 4096, 14336)],
 }
-CACHE_VERSION = 3  # 2: read-bandwidth roof, best of several GEMM shapes, best repeat; 3: + the engine's prefill products
+CACHE_VERSION = 4  # 2: read-bandwidth roof, best of several GEMM shapes, best repeat; 3: + the engine's prefill
+# products; 4: + the same as x @ W.T (an Intel CPU's prefill: models/skinny_linear.transposed_max_rows)
 
 
 @dataclass
@@ -138,15 +140,16 @@ def shape_key(shape: Sequence) -> str:
 
 def model_gemm_shapes(cfg: Any, rows: int = 512) -> list[tuple[int, int, int, str]]:
     """The matmuls a prefill step of `rows` tokens runs through each layer of a dense model, as the
-    engine computes them: SkinnyLinear's W @ x.T up to its MAX_ROWS rows (W [out x in]), x @ W.T beyond
-    -- both with a transposed right operand ("nt"). qkv_proj, o_proj, gate_up_proj, down_proj."""
-    from minillm.models.skinny_linear import MAX_ROWS
+    engine computes them: SkinnyLinear's W @ x.T up to its transposed_max_rows() (W [out x in]; 32 on an
+    Intel CPU), x @ W.T beyond -- both with a transposed right operand ("nt"). qkv_proj, o_proj,
+    gate_up_proj, down_proj."""
+    from minillm.models.skinny_linear import transposed_max_rows
 
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     inter = cfg.intermediate_size
     out_in = [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)]
-    if rows <= MAX_ROWS:
+    if rows <= transposed_max_rows():
         return [(o, i, rows, "nt") for o, i in out_in]
     return [(rows, i, o, "nt") for o, i in out_in]
 
