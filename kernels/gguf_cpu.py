@@ -58,14 +58,19 @@ def isa_flags(capability: str | None = None) -> tuple[str, list[str]]:
     return "native", ["-O3", "-march=native"]
 
 
-def _cpu_flags() -> str:
+def cpuinfo_line(*keys: str) -> str | None:
+    """The first /proc/cpuinfo line starting with one of `keys` (e.g. "flags", "vendor_id"), or None."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
+            if line.startswith(keys):
                 return line
     except OSError:
         pass
-    return platform.processor()
+    return None
+
+
+def _cpu_flags() -> str:
+    return cpuinfo_line("flags", "Features") or platform.processor()
 
 
 def _cache_root() -> Path:

@@ -66,14 +66,9 @@ class RowLimits:
 
 def cpu_vendor() -> str:
     """"intel", "amd" or "other", from the CPU's vendor string (MKL tunes its kernels for Intel's)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                vendor = line.split(":", 1)[1].strip()
-                return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor, "other")
-    except OSError:
-        pass
-    return "other"
+    line = gguf_cpu.cpuinfo_line("vendor_id")
+    vendor = line.split(":", 1)[1].strip() if line and ":" in line else ""
+    return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor, "other")
 
 
 def mkl_preferred() -> bool:
@@ -118,7 +113,7 @@ def applies(rows: int, x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     wide = weight.dim() == 2 and weight.shape[0] >= WIDE * weight.shape[1]
     limits = row_limits()
-    most = (limits.wide_max if wide else limits.narrow_max)
+    most = limits.wide_max if wide else limits.narrow_max
     return ((most is None or rows <= most) and x.device.type == "cpu"
             and x.dtype == torch.float32 and weight.dtype == torch.float32 and weight.is_contiguous())
 

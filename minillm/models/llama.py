@@ -124,9 +124,9 @@ class LlamaForCausalLM(nn.Module):
         """Store the body's matmul weights transposed in memory (still seen as [out, in]).
 
         At batch 1 each linear is a matrix-vector product that streams the weight
-        once; on the CPUs where a compiled engine uses this (engine/model_runner.py,
-        compiled_body_layout) inductor's code reads a K-major weight faster than the
-        row-major one nn.Linear uses, while batched matmuls run the same. Values,
+        once; inductor's code reads a K-major weight faster than the row-major one
+        nn.Linear uses, while batched matmuls run the same: a compiled float32 CPU
+        engine's default (engine/model_runner.compiled_body_layout). Values,
         shapes and names are unchanged. The embedding and the LM head keep their
         layout: a lookup reads whole rows, and the head runs outside the compiled
         step, where the few-row kernel reads a row-major weight fastest

@@ -52,8 +52,8 @@ Values are the same products (each output a dot product over `in`), only the
 kernel differs (and so the order of the float sums). Used in eager mode, for the
 LM head of a compiled engine (it runs outside the compiled step), and inside a
 compiled decode step of up to 32 rows where the layers stay row-major
-(engine/model_runner.compiled_body_layout: on an Intel CPU; elsewhere inductor's
-code on K-major weights measured faster at batch 1). Other dtypes and devices use
+(MINILLM_COMPILED_BODY=row-major; engine/model_runner.compiled_body_layout says
+why K-major, inductor's own code, is the default). Other dtypes and devices use
 F.linear.
 """
 from __future__ import annotations
@@ -129,10 +129,9 @@ class SkinnyLinear(nn.Linear):
     def _traced_forward(self, x: torch.Tensor, x2: torch.Tensor, rows: int | torch.SymInt) -> torch.Tensor:
         """Inside a compiled decode step: the few-row kernel as a custom op where the graph's row count is
         a constant (a decode graph is specialised per batch size), else F.linear for inductor to plan (a
-        symbolic count would make the kernel's row limit a guard of the graph). Paired in one process
-        against inductor on K-major weights (the layout compiled engines used before), same tokens,
-        2-vCPU Xeon: batch 8 x1.23 (41.4 -> 34.0 ms a step), batch 1 level (x0.92-x1.08 over four
-        runs), prefill unchanged. The tiled kernel stays out: at 48 rows its graphs ran 12% slower."""
+        symbolic count would make the kernel's row limit a guard of the graph). What this wins and loses
+        against K-major weights: engine/model_runner.compiled_body_layout. The tiled kernel stays out:
+        at 48 rows its graphs ran 12% slower (2-vCPU Xeon, two engines interleaved in one process)."""
         if isinstance(rows, int) and skinny_cpu.applies(rows, x2, self.weight):
             return skinny_cpu.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)

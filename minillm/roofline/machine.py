@@ -119,14 +119,13 @@ def machine_info(device: str | torch.device = "cpu") -> MachineInfo:
 
 def cpu_kernels() -> dict[str, str | None]:
     """The CPU code paths this process uses, as detected at start-up."""
+    from minillm.engine.model_runner import compiled_body_layout
     from minillm.kernels import gguf_cpu, tiled_cpu
     from minillm.quant.cpu_route import cpu_features
 
     feats = cpu_features()
     # quant_cpu_route: what int8/int4 layers multiply with (minillm.quant.cpu_route); "blocks" may build the kernels
     route = os.environ.get("MINILLM_QUANT_CPU_ROUTE") or "bf16"  # the default on every CPU (cpu_route.py says why)
-    from minillm.engine.model_runner import compiled_body_layout
-
     return {"torch_cpu_capability": feats.torch_capability, "gguf_blocks": gguf_cpu.loaded_isa(),
             "native_bf16": feats.native_bf16, "quant_cpu_route": route,
             "float32_batched_linear": tiled_cpu.loaded_isa(),  # None: MKL (not built yet, or MINILLM_TILED=mkl)
