@@ -75,9 +75,9 @@ def test_an_audit_call_catches_a_distinction_the_classes_miss(monkeypatch):
 
 @pytest.mark.slow
 def test_two_compiled_models_of_one_class_step_in_turn():
-    """Two engines over two models of the same class (a draft and its target) share one Dynamo cache:
-    `forward`'s code object. Stepping them in turn, with batches shrinking from 4 to 1 and block
-    tables of one and of several blocks, each must still give its own eager tokens."""
+    """Two engines over two models of the same class (a draft and its target), each compiled over its own
+    copy of `forward`'s code (compile.private_code). Stepping them in turn, with batches shrinking from 4
+    to 1 and block tables of one and of several blocks, each must still give its own eager tokens."""
     models = [tiny_model(seed=1), tiny_model(seed=2)]  # one structure: only the frozen weights differ
     prompts = random_prompts(4, 97, 1, 20, seed=5)
 
@@ -102,3 +102,44 @@ def test_two_compiled_models_of_one_class_step_in_turn():
     assert got == expected
     for eng in engines:
         assert 2 <= len(eng.executor.compiled_decode.shape_classes_seen) <= 6  # batch 1 and 2+ at least
+
+
+class Scale(torch.nn.Module):
+    """One class, many instances: what a notebook or a test worker makes of a model class."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 8, generator=torch.Generator().manual_seed(seed)))
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+def test_every_compiled_instance_gets_graphs_of_its_own_past_dynamos_recompile_limit():
+    """Dynamo keeps graphs on the code object and stops compiling a code object after 8 graphs for one
+    set of guarded objects, running it eagerly instead; instances of one class used to share `forward`'s
+    code (and the entries of dropped instances still counted). Each compiled function now has its own."""
+    from minillm.engine.compile import graphs_compiled
+    x = torch.randn(2, 8)
+    for seed in range(10):  # kept alive, as the engines of one process may be
+        module = Scale(seed)
+        call = frozen_compile(module.forward)
+        before = graphs_compiled()
+        with torch.no_grad():  # as an engine runs: the weights become the graph's constants
+            assert torch.allclose(call(x), x @ module.weight)
+        assert graphs_compiled() == before + 1, f"instance {seed} ran without a graph of its own"
+
+
+def test_a_dropped_compiled_function_frees_its_frozen_weights():
+    """Freezing makes the weights a graph's constants; Dynamo's cache entries and inductor's module list
+    held them after the engine was gone (compile.release_graphs)."""
+    import gc
+    import weakref
+    module = Scale(0)
+    call = frozen_compile(module.forward, cpu_wrapper=True)
+    with torch.no_grad():
+        call(torch.randn(2, 8))
+    weight = weakref.ref(module.weight)
+    del module, call
+    gc.collect()
+    assert weight() is None

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import types
 import warnings
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -79,6 +82,24 @@ def wrapper_options(cpu: bool) -> dict[str, Any]:
     return {"cpp_wrapper": True, "size_asserts": False, "alignment_asserts": False}
 
 
+def private_code(fn: Callable) -> Callable:
+    """`fn` (a function or a bound method) over its own copy of its code object.
+
+    Dynamo keeps its compiled graphs on the code object, so every model of one class shares one cache:
+    `LlamaForCausalLM.forward`'s. With freezing each model needs graphs of its own (its weights are their
+    constants), and the entries of models long gone stay there and count against Dynamo's recompile
+    limit (8): the ninth compiled engine of a process fell back to eager without a word (a notebook or
+    a test worker reaches that). Over a private code object the cache lives and dies with the engine,
+    and with it the graphs' copies of the weights."""
+    func = getattr(fn, "__func__", fn)
+    if not isinstance(func, types.FunctionType):
+        return fn
+    copy = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
+                              func.__closure__)
+    copy.__kwdefaults__, copy.__qualname__ = func.__kwdefaults__, func.__qualname__
+    return types.MethodType(copy, fn.__self__) if hasattr(fn, "__self__") and fn is not func else copy
+
+
 def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapper: bool = False) -> Callable:
     """torch.compile with inductor freezing: weights become constants, so inductor can
     pre-pack them for oneDNN (the fast matrix-vector path on CPU), and max_autotune
@@ -95,8 +116,10 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
 
     if skip_seen_guards is None:
         skip_seen_guards = os.environ.get("MINILLM_COMPILE_GUARDS", "seen") != "always"
-    compiled = torch.compile(fn, dynamic=True)
+    target = private_code(fn)
+    compiled = torch.compile(target, dynamic=True)
     seen: set[Hashable] = set()
+    modules: list = []  # the generated code modules of this function's graphs (`release_graphs`)
     state = {"skip": skip_seen_guards, "calls": 0}
     # max_autotune still picks each GEMM's kernel, but prints no AUTOTUNE table or choice stats per GEMM
     quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
@@ -119,8 +142,9 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
         # not ~120 Python lambda guards evaluated before every step
         with inductor_config.patch(**inductor_options), \
                 dynamo_config.patch(specialize_float=True), shape_config.patch(use_duck_shape=False):
-            before = graphs_compiled()
+            before, loaded = graphs_compiled(), len(code_modules())
             out = compiled(*args, **kwargs)
+            modules.extend(code_modules()[loaded:])
             if key in seen and graphs_compiled() > before:  # an audit call needed a new graph
                 stop_skipping()
             elif key is not None and state["skip"]:
@@ -134,7 +158,32 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
                       "seen; its guards now run on every step", RuntimeWarning, stacklevel=3)
 
     call.shape_classes_seen = seen  # type: ignore[attr-defined]
+    if target is not fn:
+        release = weakref.finalize(call, release_graphs, getattr(target, "__func__", target).__code__, modules)
+        release.atexit = False  # at exit the process's memory goes anyway
     return call
+
+
+def code_modules() -> list:
+    """Inductor's list of the Python modules it generated in this process (graphs' wrappers), oldest first."""
+    from torch._inductor.codecache import PyCodeCache
+    return PyCodeCache.modules
+
+
+def release_graphs(code: types.CodeType, modules: list) -> None:
+    """Free a gone engine's compiled graphs and their frozen weights: runs when its compiled step is
+    collected. Two holders outlive it otherwise. Dynamo's cache entries on the private code object form a
+    cycle through C++ objects that the garbage collector cannot see; `reset_code` clears them. Inductor
+    keeps every module it generated -- the frozen weights are their globals -- in its own list and in
+    sys.modules. (Measured: a tiny model's weights stayed alive after its compiled engine was deleted.)"""
+    from torch._C._dynamo.eval_frame import reset_code
+    reset_code(code)
+    mine = {id(m) for m in modules}
+    code_modules()[:] = [m for m in code_modules() if id(m) not in mine]
+    for m in modules:
+        if sys.modules.get(m.__name__) is m:
+            del sys.modules[m.__name__]
+    modules.clear()
 
 
 def mark_pool_static(tensors: list[torch.Tensor]) -> None:
