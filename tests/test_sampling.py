@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minillm import SamplingParams
-from minillm.engine.sampler import filter_logits, sample
+from minillm.engine.sampler import filter_logits, greedy_tokens, sample
 from tests.helpers.engine_utils import make_engine, run_to_completion, tiny_model
 
 
@@ -13,6 +13,19 @@ def test_greedy_is_argmax():
     logits = torch.randn(5, 50)
     res = sample(logits, [SamplingParams(temperature=0)] * 5, [None] * 5)
     assert res.token_ids == logits.argmax(-1).tolist()
+
+
+def test_greedy_tokens_follow_argmax_on_ties_nans_and_shapes():
+    """greedy_tokens is max(-1).indices (faster on the CPU); it must pick what argmax picks."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0],  # a tie: the first maximum
+                           [float("nan"), 1.0, float("nan"), 0.0],  # a NaN counts as the maximum
+                           [-1.0, -1.0, -1.0, -1.0],
+                           [0.0, 0.0, 0.0, 5.0]])
+    assert greedy_tokens(logits).tolist() == logits.argmax(-1).tolist() == [1, 0, 0, 3]
+    assert greedy_tokens(logits, keepdim=True).shape == (4, 1)
+    assert int(greedy_tokens(logits[0])) == 1  # one row, no batch dimension
+    wide = torch.randn(16, 49152, generator=torch.Generator().manual_seed(0)).round(decimals=1)  # many ties
+    assert torch.equal(greedy_tokens(wide), wide.argmax(-1))
 
 
 def test_top_k_top_p_min_p_filters():

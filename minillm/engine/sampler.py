@@ -18,6 +18,15 @@ import torch
 from minillm.sampling_params import SamplingParams
 
 
+def greedy_tokens(logits: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """The argmax along the last dimension, as `max(-1).indices`: the same first-maximum rule (and a NaN
+    counts as the maximum in both), but torch 2.13's CPU argmax is a slower reduction. 2-vCPU Xeon, two
+    threads, rows x 49,152 (SmolLM2's vocabulary): 1 row 72 against 31 us, 8 rows 313 against 98 us,
+    128 rows 9.1 against 2.6 ms. argmax was 1.3% of a profiled `bench throughput` run; the end-to-end gain
+    is below that bench's noise (233.9 / 237.2 before, 236.7 / 229.6 after, alternated)."""
+    return logits.max(-1, keepdim=keepdim).indices
+
+
 @dataclass
 class SampleResult:
     token_ids: list[int]
@@ -108,7 +117,7 @@ def sample(
 ) -> SampleResult:
     """logits: [B, V] float32. Returns one token per row."""
     b = logits.shape[0]
-    tokens = logits.argmax(-1)
+    tokens = greedy_tokens(logits)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         idx = torch.tensor(rows, device=logits.device)
@@ -117,7 +126,7 @@ def sample(
         noise = torch.empty_like(probs)
         for j, i in enumerate(rows):
             noise[j].exponential_(generator=generators[i])
-        tokens[idx] = (probs / noise).argmax(-1)
+        tokens[idx] = greedy_tokens(probs / noise)
     token_list = tokens.tolist()
     logprobs: list[dict[int, float] | None] = [None] * b
     want = [i for i, p in enumerate(params) if p.logprobs is not None]

@@ -31,6 +31,7 @@ import copy
 import torch
 
 from minillm.attention.metadata import AttentionMetadata
+from minillm.engine.sampler import greedy_tokens
 from minillm.engine.sequence import Sequence
 from minillm.models.llama import LlamaForCausalLM
 from minillm.spec_decode.proposal import Proposal
@@ -93,7 +94,7 @@ class DraftProposer(Proposer):
                                            [wants[i][0].block_table for i in rows], plan.block_size, dev)
             runner.backend.prepare(meta, plan.block_size, self.draft.config.num_key_value_heads, plan.quantized)
             logits = self._forward(torch.tensor([last[i] for i in rows], device=dev), torch.tensor(pos, device=dev), meta)
-            greedy_tok = logits.argmax(-1).tolist()
+            greedy_tok = greedy_tokens(logits).tolist()
             for j, i in enumerate(rows):
                 seq = wants[i][0]
                 if seq.params.greedy:

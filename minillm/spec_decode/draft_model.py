@@ -35,6 +35,7 @@ from minillm.engine.block_manager import BlockManager
 from minillm.engine.config import EngineConfig
 from minillm.engine.cost import model_costs, step_cost
 from minillm.engine.model_runner import ModelRunner
+from minillm.engine.sampler import greedy_tokens
 from minillm.engine.sequence import Sequence
 from minillm.engine.trace import DraftRecord
 from minillm.models.llama import LlamaForCausalLM
@@ -226,7 +227,7 @@ class DraftModelProposer(Proposer):
 
     def _choose(self, seq: Sequence, logits: torch.Tensor, prop: Proposal) -> None:
         if seq.params.greedy:
-            prop.token_ids.append(int(logits.argmax()))
+            prop.token_ids.append(int(greedy_tokens(logits)))
             return
         q = target_probs(logits[None].float(), seq.params)[0]
         prop.token_ids.append(int(torch.multinomial(q, 1, generator=seq.generator)))

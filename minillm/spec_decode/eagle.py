@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from minillm.engine.sampler import greedy_tokens
 from minillm.engine.sequence import Sequence
 from minillm.models.skinny_linear import SkinnyLinear, use_skinny_linears
 from minillm.spec_decode.eagle_layer import EagleCache, EagleLayer
@@ -123,7 +124,7 @@ class EagleProposer(Proposer):
             return out
         z = torch.stack([self.feature[wants[i][0].seq_id][1] for i in ready])
         for depth in range(max(wants[i][1] for i in ready)):
-            guesses = self.head_logits(z).argmax(-1).tolist()
+            guesses = greedy_tokens(self.head_logits(z)).tolist()
             for i, g in zip(ready, guesses):
                 out[i].token_ids.append(g)
             ready_next = [j for j, i in enumerate(ready) if wants[i][1] > depth + 1]

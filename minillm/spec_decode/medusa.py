@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from minillm.engine.sampler import greedy_tokens
 from minillm.engine.sequence import Sequence
 from minillm.models.skinny_linear import SkinnyLinear, use_skinny_linears
 from minillm.spec_decode.medusa_heads import MedusaHeads
@@ -112,7 +113,7 @@ class MedusaProposer(Proposer):
         """Head logits [depth * rows, vocab] (head-major) -> [row][head][rank] candidate tokens
         (width per head: by default the most that any of the first `depth` heads must rank)."""
         width = width or max(self.topk[:depth])
-        top = logits.argmax(-1, keepdim=True) if width == 1 else logits.topk(width, dim=-1).indices
+        top = greedy_tokens(logits, keepdim=True) if width == 1 else logits.topk(width, dim=-1).indices
         return top.reshape(depth, rows, width).permute(1, 0, 2).tolist()
 
     def observe(self, batch, step, chosen, hidden: torch.Tensor | None) -> None:

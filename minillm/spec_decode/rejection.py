@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.engine.sampler import filter_logits
+from minillm.engine.sampler import filter_logits, greedy_tokens
 from minillm.sampling_params import SamplingParams
 from minillm.spec_decode.tree import children
 
@@ -79,7 +79,7 @@ def verify_tokens(
     """
     d = len(draft)
     if params.greedy:
-        target = logits.argmax(-1).tolist()
+        target = greedy_tokens(logits).tolist()
         n = 0
         while n < d and draft[n] == target[n]:
             n += 1
@@ -118,7 +118,7 @@ def verify_tree(
         row = node + 1
         options = kids.get(node, [])
         if probs is None:
-            want = int(logits[row].argmax())
+            want = int(greedy_tokens(logits[row]))
             nxt = next((c for c in options if tokens[c] == want), None)
             if nxt is None:
                 return [tokens[c] for c in path] + [want], path
