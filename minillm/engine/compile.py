@@ -97,7 +97,7 @@ def private_code(fn: Callable) -> Callable:
     copy = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
                               func.__closure__)
     copy.__kwdefaults__, copy.__qualname__ = func.__kwdefaults__, func.__qualname__
-    return types.MethodType(copy, fn.__self__) if hasattr(fn, "__self__") and fn is not func else copy
+    return types.MethodType(copy, fn.__self__) if fn is not func else copy  # fn was a bound method
 
 
 def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapper: bool = False) -> Callable:
