@@ -46,10 +46,15 @@ def applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor, scale: float, window: int | None = None) -> torch.Tensor:
-    """q [B, H, D] (one query per sequence) -> [B, H, D], reading K/V through block_tables [>= B, blocks]."""
-    return torch.ops.minillm_attn.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window or 0)
+                 seq_lens: torch.Tensor, scale: float, window: int | None = None,
+                 tail_slots: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, H, D] (one query per sequence) -> [B, H, D], reading K/V through block_tables [>= B, blocks].
+
+    tail_slots [B, T] (int64, right-aligned, -1 = none): query b's last keys come from these pool slots
+    instead of its block table -- a draft-tree node's root-to-node path (kernels/cpu/paged_attention.cpp)."""
+    return torch.ops.minillm_attn.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window or 0,
+                                               tail_slots)
 
 
-def _paged_decode_shape(q, k_cache, v_cache, block_tables, seq_lens, scale, window=0):  # for torch.compile
+def _paged_decode_shape(q, k_cache, v_cache, block_tables, seq_lens, scale, window=0, tail_slots=None):  # for torch.compile
     return torch.empty_like(q, memory_format=torch.contiguous_format)

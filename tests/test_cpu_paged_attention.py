@@ -131,3 +131,54 @@ def test_verify_chunks_as_kernel_rows_equal_the_chunk_path(window, dtype):
         outs.append(backend.forward(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.25, window=window))
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("window", [None, 3, 12])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tree_chunks_as_kernel_rows_equal_the_masked_chunk_path(window, dtype):
+    """A step of a decode row, a draft tree (root + 5 nodes, two of depth 2 and one of depth 3), a chain
+    verify chunk and a prefill chunk: the kernel serves the decode row, the tree and the chain in one call
+    (each node a decode row whose last keys are its root-to-node path, read from the tree's scratch
+    slots); the result equals the gather + masked SDPA chunk path, window counted from real positions."""
+    from minillm.attention.metadata import AttentionMetadata
+    from minillm.attention.torch_backend import TorchAttentionBackend
+
+    g = torch.Generator().manual_seed(11)
+    bs, kvh, group, d, blocks = 4, 2, 3, 16, 64
+    parents = [-1, -1, 0, 0, 2]  # node 4 sits at depth 3 behind nodes 2 and 0
+    query_lens, seq_lens = [1, 6, 3, 20], [9, 19, 8, 30]
+    trees = [None, parents, None, None]
+    perm = torch.randperm(blocks, generator=g).tolist()
+    tables, used = [], 0
+    for n in seq_lens:
+        tables.append(perm[used : used + -(-n // bs)])
+        used += len(tables[-1])
+    k_cache = torch.randn(blocks, bs, kvh, d, generator=g).to(dtype)
+    v_cache = torch.randn(blocks, bs, kvh, d, generator=g).to(dtype)
+    t = sum(query_lens)
+    q = torch.randn(t, kvh * group, d, generator=g).to(dtype)
+    k, v = torch.randn(t, kvh, d, generator=g).to(dtype), torch.randn(t, kvh, d, generator=g).to(dtype)
+    backend = TorchAttentionBackend()
+    outs = []
+    for as_rows in (True, False):
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, bs, tree_parents=trees)
+        backend.prepare(meta, bs, kvh, quantized=False)
+        if as_rows:
+            assert (meta.kernel_seqs, meta.kernel_rows) == (3, 10)  # the tree joins; stops at the prefill chunk
+            # node 4 (row 1 + 1 + 4 = 6): 13 cached keys, then the root, nodes 0, 2 and itself
+            assert int(meta.kernel_lens[6]) == 13 + 4
+            assert meta.kernel_tails[6].tolist()[-4:] == meta.slot_mapping[1:7][[0, 1, 3, 5]].tolist()
+        else:
+            meta.kernel_seqs = meta.kernel_rows = 0
+        outs.append(backend.forward(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.25, window=window))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=tol, rtol=tol)
+
+
+def test_bad_tail_slots_get_a_clear_error():
+    q, k_cache = torch.randn(1, 2, 16), torch.randn(4, 4, 1, 16)
+    tables, lens = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([3])
+    with pytest.raises(RuntimeError, match="past the pool"):
+        cpu_paged.paged_decode(q, k_cache, k_cache, tables, lens, 0.25, None, torch.tensor([[-1, 16]]))
+    with pytest.raises(RuntimeError, match="more tail slots than keys"):
+        cpu_paged.paged_decode(q, k_cache, k_cache, tables, lens, 0.25, None, torch.tensor([[1, 2, 3, 4]]))

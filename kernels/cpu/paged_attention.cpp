@@ -13,6 +13,12 @@
 // float32 or bfloat16); q [B, H, D], H = G * kv_heads (the G query heads of a group share one
 // K/V head, read once for all G); block_tables [B, max_blocks] int32; seq_lens [B]; a sliding
 // window w > 0 keeps only each query's last w keys (Gemma 3's local layers).
+// Tree verification (spec_decode/tree.py): a draft tree's node sees the cached prefix and then only
+// its own root-to-node path, whose K/V sit in scratch slots after the root, not at the positions the
+// block table gives. tail_slots [B, T] (optional, int64, right-aligned, -1 = none) names, per query,
+// the pool slots of its last keys: with c of them, keys len - c .. len - 1 are read from there. So a
+// node at depth d is a decode query of length root + 1 + d whose last d + 1 keys are its path, and
+// a window counts from its real position, not from its slot.
 // Work: one (sequence, kv head) per task across threads; scores for the G heads over the
 // sequence's positions, a float32 softmax, then the weighted sum of V rows. Accumulation is
 // float32 whatever the cache dtype.
@@ -35,6 +41,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -176,8 +183,9 @@ inline void prefetch_rows(const T* const* rows, int64_t count, int64_t row_bytes
 
 template <typename T>
 void paged_decode_impl(const T* q, const T* k_cache, const T* v_cache, const int32_t* tables,
-                       const int64_t* lens, T* out, int64_t batch, int64_t heads, int64_t kv_heads,
-                       int64_t d, int64_t block_size, int64_t max_blocks, float scale, int64_t window) {
+                       const int64_t* lens, const int64_t* tails, int64_t tail_width, T* out, int64_t batch,
+                       int64_t heads, int64_t kv_heads, int64_t d, int64_t block_size, int64_t max_blocks,
+                       float scale, int64_t window) {
   const int64_t group = heads / kv_heads;
   const int64_t row_stride = kv_heads * d;  // from one token's K/V row to the next in a block
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t t0, int64_t t1) {
@@ -206,6 +214,13 @@ void paged_decode_impl(const T* q, const T* k_cache, const T* v_cache, const int
         for (int64_t off = p - blk * block_size; off < block_size && p < len; ++off, ++p) {
           krows[p - start] = k_cache + (base + off) * row_stride + h * d;
           vrows[p - start] = v_cache + (base + off) * row_stride + h * d;
+        }
+      }
+      if (tails != nullptr) {  // a tree node's path: its last keys come from the slots it names
+        const int64_t* tail = tails + b * tail_width;
+        for (int64_t j = tail_width - 1, p = len - 1; j >= 0 && tail[j] >= 0 && p >= start; --j, --p) {
+          krows[p - start] = k_cache + tail[j] * row_stride + h * d;
+          vrows[p - start] = v_cache + tail[j] * row_stride + h * d;
         }
       }
       // 1. scores: each key row meets the group's G query heads (from L1 after the first)
@@ -250,7 +265,8 @@ void paged_decode_impl(const T* q, const T* k_cache, const T* v_cache, const int
 }
 
 at::Tensor paged_decode(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                        const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, int64_t window) {
+                        const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, int64_t window,
+                        const std::optional<at::Tensor>& tail_slots) {
   TORCH_CHECK(q_in.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
               "paged_decode: q [B, H, D], caches [blocks, block_size, kv_heads, D]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_decode: the caches must be contiguous");
@@ -273,18 +289,35 @@ at::Tensor paged_decode(const at::Tensor& q_in, const at::Tensor& k_cache, const
   const at::Tensor lens_in = seq_lens.contiguous();
   for (int64_t b = 0; b < batch; ++b)
     lens[b] = lens_in.scalar_type() == at::kInt ? lens_in.data_ptr<int32_t>()[b] : lens_in.data_ptr<int64_t>()[b];
+  at::Tensor tails;
+  if (tail_slots.has_value() && tail_slots->defined()) {
+    TORCH_CHECK(tail_slots->dim() == 2 && tail_slots->size(0) >= batch && tail_slots->device().is_cpu(),
+                "paged_decode: tail_slots [B, T] on the CPU");
+    tails = tail_slots->narrow(0, 0, batch).to(at::kLong).contiguous();
+    // checked in plain loops (a tensor max is a few us, as much as a batch-1 call's attention)
+    const int64_t num_slots = k_cache.size(0) * k_cache.size(1), width = tails.size(1);
+    const int64_t* t = tails.data_ptr<int64_t>();
+    for (int64_t b = 0; b < batch; ++b) {
+      int64_t c = 0;
+      for (int64_t j = width - 1; j >= 0 && t[b * width + j] >= 0; --j, ++c)
+        TORCH_CHECK(t[b * width + j] < num_slots, "paged_decode: a tail slot past the pool");
+      TORCH_CHECK(c <= lens[b], "paged_decode: more tail slots than keys");
+    }
+  }
+  const int64_t* tails_ptr = tails.defined() ? tails.data_ptr<int64_t>() : nullptr;
+  const int64_t tail_width = tails.defined() ? tails.size(1) : 0;
   at::Tensor out = at::empty_like(q);
   const int64_t max_blocks = tables.size(1);
   TORCH_CHECK(batch == 0 || *std::max_element(lens.begin(), lens.end()) <= max_blocks * block_size,
               "paged_decode: a length past its block table");
   if (q.scalar_type() == at::kFloat) {
     paged_decode_impl<float>(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                             tables.data_ptr<int32_t>(), lens.data(), out.data_ptr<float>(), batch,
+                             tables.data_ptr<int32_t>(), lens.data(), tails_ptr, tail_width, out.data_ptr<float>(), batch,
                              heads, kv_heads, d, block_size, max_blocks, static_cast<float>(scale), window);
   } else if (q.scalar_type() == at::kBFloat16) {
     using bf = c10::BFloat16;
     paged_decode_impl<bf>(q.data_ptr<bf>(), k_cache.data_ptr<bf>(), v_cache.data_ptr<bf>(),
-                          tables.data_ptr<int32_t>(), lens.data(), out.data_ptr<bf>(), batch, heads,
+                          tables.data_ptr<int32_t>(), lens.data(), tails_ptr, tail_width, out.data_ptr<bf>(), batch, heads,
                           kv_heads, d, block_size, max_blocks, static_cast<float>(scale), window);
   } else {
     TORCH_CHECK(false, "paged_decode: float32 or bfloat16 caches only, got ", q.scalar_type());
@@ -296,7 +329,7 @@ at::Tensor paged_decode(const at::Tensor& q_in, const at::Tensor& k_cache, const
 
 TORCH_LIBRARY(minillm_attn, lib) {
   lib.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
-          "float scale, int window=0) -> Tensor");
+          "float scale, int window=0, Tensor? tail_slots=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minillm_attn, CPU, lib) { lib.impl("paged_decode", &paged_decode); }

@@ -55,6 +55,9 @@ class AttentionMetadata:
     kernel_rows: int = 0
     kernel_tables: torch.Tensor | None = None  # int32 [kernel_rows, max_blocks]
     kernel_lens: torch.Tensor | None = None  # [kernel_rows]
+    # a draft tree among them: per row the pool slots of its last keys (int64 [kernel_rows, T], right-aligned,
+    # -1 = none), a node's root-to-node path read from the scratch slots it was written to; None: no tree
+    kernel_tails: torch.Tensor | None = None
     # tree verification (None when no sequence of the step verifies a tree): per packed row, which of its
     # chunk's own keys it sees (bool [num_tokens, max_query_len]) and its offset in positions (int32 [num_tokens])
     tree_mask: torch.Tensor | None = None

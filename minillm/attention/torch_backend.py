@@ -22,7 +22,9 @@ Sliding-window layers (``window``): a decode gathers only each sequence's last
 prefill chunk drops the keys no query of it can see and masks
 ``q_pos - window < k_pos <= q_pos``.
 A chunk verifying a tree of drafts (metadata.tree_mask) gets an explicit mask:
-the keys before the chunk, then the root and the query's own ancestors.
+the keys before the chunk, then the root and the query's own ancestors. With the
+C++ kernel its rows are decode rows instead, each reading its root-to-node path
+from the chunk's slots (kernel_rows): no K/V gather and no mask per layer.
 
 Quantized caches (int8 / fp8 with per-token-per-head scales, see kv_quant.py)
 take a separate path so the float path stays as it is: new K/V are quantized
@@ -247,21 +249,47 @@ MAX_CHUNK_AS_ROWS = 16  # longer chunks (prefill) attend faster through SDPA tha
 def kernel_rows(meta: AttentionMetadata) -> None:
     """Fill meta.kernel_*: the decode rows, then each following short causal chunk over cached keys, as
     rows of one paged-decode call. Row i of a chunk of lq rows ending at length sl is a decode query at
-    length sl - lq + 1 + i: the same keys, the same mask (and window) as the chunk's own attention."""
+    length sl - lq + 1 + i: the same keys, the same mask (and window) as the chunk's own attention.
+
+    A draft tree's chunk (spec_decode/tree.py) joins too: the row of a node at depth d sees the
+    sl - lq cached keys, the root and its path, so it is a decode query of length sl - lq + 1 + d
+    whose last 1 + d keys are read from the slots the chunk wrote them to (tree_tails)."""
     nd, covered = meta.num_decode_seqs, meta.num_decode_seqs
     tables, lens = [meta.block_tables[:nd]], [meta.seq_lens[:nd]]
+    tails: list[tuple[int, torch.Tensor]] = []  # (first kernel row, its tree's tails) per tree chunk
     seqs = nd
     for i in range(nd, meta.num_seqs):
         lq, sl = meta.query_lens_list[i], meta.seq_lens_list[i]
-        if lq > MAX_CHUNK_AS_ROWS or lq == sl or (meta.tree_seqs is not None and meta.tree_seqs[i]):
-            break  # a prefill chunk, or a tree (its own mask): they keep the chunk path, as do the chunks after
+        if lq > MAX_CHUNK_AS_ROWS or lq == sl:
+            break  # a prefill chunk: it keeps the chunk path, as do the chunks after it
         tables.append(meta.block_tables[i : i + 1].expand(lq, -1))
-        lens.append(torch.arange(sl - lq + 1, sl + 1, dtype=meta.seq_lens.dtype))
+        if meta.tree_seqs is not None and meta.tree_seqs[i]:
+            seen = meta.tree_mask[covered : covered + lq, :lq]  # root, ancestors, itself
+            lens.append((sl - lq + seen.sum(1)).to(meta.seq_lens.dtype))
+            tails.append((covered, tree_tails(seen, meta.slot_mapping[covered : covered + lq])))
+        else:
+            lens.append(torch.arange(sl - lq + 1, sl + 1, dtype=meta.seq_lens.dtype))
         covered, seqs = covered + lq, i + 1
     if seqs > nd:
         meta.kernel_seqs, meta.kernel_rows = seqs, covered
         meta.kernel_tables = torch.cat(tables).to(torch.int32)
         meta.kernel_lens = torch.cat(lens)
+        if tails:
+            width = max(t.shape[1] for _, t in tails)
+            meta.kernel_tails = torch.full((covered, width), -1, dtype=torch.int64)
+            for row, t in tails:
+                meta.kernel_tails[row : row + t.shape[0], width - t.shape[1]:] = t
+
+
+def tree_tails(seen: torch.Tensor, chunk_slots: torch.Tensor) -> torch.Tensor:
+    """int64 [lq, lq]: per row of a tree chunk, the slots of the chunk keys it sees (seen [lq, lq] bool),
+    in chunk order (parents come before children, so that is depth order), right-aligned, -1 before."""
+    lq = seen.shape[0]
+    out = torch.full((lq, lq), -1, dtype=torch.int64)
+    for r in range(lq):
+        keys = chunk_slots[seen[r]]
+        out[r, lq - keys.shape[0]:] = keys
+    return out
 
 
 def decode_state(meta: AttentionMetadata, window: int | None, block_size: int, num_kv_heads: int,
@@ -334,7 +362,7 @@ class TorchAttentionBackend(AttentionBackend):
         first, start = nd, nd
         if kernel and meta.kernel_rows:  # decode rows and verify chunks, in one call
             parts.append(cpu_paged.paged_decode(q[:meta.kernel_rows], k_cache, v_cache, meta.kernel_tables,
-                                                meta.kernel_lens, scale, window))
+                                                meta.kernel_lens, scale, window, meta.kernel_tails))
             first, start = meta.kernel_seqs, meta.kernel_rows
         elif nd and kernel:
             parts.append(cpu_paged.paged_decode(q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,

@@ -46,7 +46,8 @@ formula, so a forward that records a graph takes F.linear.
 On an Intel CPU MKL runs its own tuned sgemm, and both the tiled kernel's range and the W @ x.T
 path above 32 rows lose to plain F.linear there (kernels/tiled_cpu.py's Xeon table,
 `transposed_max_rows`): such a CPU keeps the tiled kernel for the wide layers' 24-64 rows only
-and takes F.linear from 33 rows on everything else.
+and from 33 rows on everything else takes MKL's sgemm on a weight it packed once
+(kernels/mkl_packed.py; F.linear where that is off).
 
 Values are the same products (each output a dot product over `in`), only the
 kernel differs (and so the order of the float sums). Used in eager mode, for the
@@ -64,7 +65,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from minillm.kernels import skinny_cpu, tiled_cpu
+from minillm.kernels import mkl_packed, skinny_cpu, tiled_cpu
 
 MAX_ROWS = 512  # measured faster up to 256 rows on every layer shape of the default model
 OUT_BLOCK = 4096  # output rows per product of a wide layer (the module docstring's measurement)
@@ -112,6 +113,8 @@ class SkinnyLinear(nn.Linear):
         if skinny_cpu.applies(rows, x2, self.weight):
             return skinny_cpu.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
         if rows > transposed_max_rows():
+            if mkl_packed.applies(rows, x2, self.weight):  # Intel: MKL's sgemm on a weight packed once
+                return mkl_packed.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
             return F.linear(x, self.weight, self.bias)
         padded = padded_rows(rows)
         if padded != rows:
