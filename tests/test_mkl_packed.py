@@ -60,3 +60,12 @@ def test_a_batched_skinny_linear_takes_the_packed_product_when_enabled(monkeypat
         y = lin(x)
     assert calls == [torch.Size([60, 96])]
     torch.testing.assert_close(y, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_strided_inputs_give_f_linear_s_result():
+    """A column-major view (what a column_major_out layer hands the next one) and a column slice."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(300, 96, generator=g)
+    for x in (torch.randn(96, 70, generator=g).t(), torch.randn(70, 200, generator=g)[:, :96]):
+        assert not x.is_contiguous()
+        torch.testing.assert_close(mkl_packed.linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
