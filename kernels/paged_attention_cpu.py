@@ -25,7 +25,8 @@ DTYPES = (torch.float32, torch.bfloat16)
 @functools.cache
 def load():
     """torch.ops.minillm_attn, or GGUFKernelUnavailable with the reason (no compiler, build error)."""
-    return gguf_cpu.build_and_load(SOURCE, "minillm_attn", {"paged_decode": _paged_decode_shape})
+    return gguf_cpu.build_and_load(SOURCE, "minillm_attn", {"paged_decode": _paged_decode_shape,
+                                                            "paged_decode_paths": _paged_decode_shape})
 
 
 _ready = False  # set once the kernel loaded; read by traced code, so a compiled graph never builds
@@ -52,8 +53,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
     tail_slots [B, T] (int64, right-aligned, -1 = none): query b's last keys come from these pool slots
     instead of its block table -- a draft-tree node's root-to-node path (kernels/cpu/paged_attention.cpp)."""
-    return torch.ops.minillm_attn.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window or 0,
-                                               tail_slots)
+    if tail_slots is None:
+        return torch.ops.minillm_attn.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window or 0)
+    return torch.ops.minillm_attn.paged_decode_paths(q, k_cache, v_cache, block_tables, seq_lens, scale, window or 0,
+                                                     tail_slots)
 
 
 def _paged_decode_shape(q, k_cache, v_cache, block_tables, seq_lens, scale, window=0, tail_slots=None):  # for torch.compile

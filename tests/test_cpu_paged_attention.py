@@ -182,3 +182,12 @@ def test_bad_tail_slots_get_a_clear_error():
         cpu_paged.paged_decode(q, k_cache, k_cache, tables, lens, 0.25, None, torch.tensor([[-1, 16]]))
     with pytest.raises(RuntimeError, match="more tail slots than keys"):
         cpu_paged.paged_decode(q, k_cache, k_cache, tables, lens, 0.25, None, torch.tensor([[1, 2, 3, 4]]))
+
+
+def test_the_op_a_compiled_graph_calls_has_no_optional_tail():
+    """Inductor's C++ wrapper passes a custom op only the arguments the graph gave it; an optional last
+    argument (the tree rows' tail_slots) was then read past the end of the dispatcher's array and
+    compiled decode crashed now and then. The tree rows have an op of their own."""
+    args = torch.ops.minillm_attn.paged_decode.default._schema.arguments
+    assert [a.name for a in args] == ["q", "k_cache", "v_cache", "block_tables", "seq_lens", "scale", "window"]
+    assert [a.name for a in torch.ops.minillm_attn.paged_decode_paths.default._schema.arguments][-1] == "tail_slots"

@@ -223,3 +223,30 @@ class DraftPoolMachine(RuleBasedStateMachine):
 TestDraftPoolMachine = DraftPoolMachine.TestCase
 TestDraftPoolMachine.settings = settings(max_examples=25, stateful_step_count=30, deadline=None,
                                          suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("draft", ["perturbed", "unrelated"])
+def test_prompt_lookup_first_keeps_greedy_output_and_spares_the_draft(reference, draft):
+    """prompt_lookup_min: sequences whose last tokens appeared before take the continuation from there, the
+    rest go to the draft model (its K/V catch up later). The prompts repeat themselves (p * 2), so lookup
+    serves some steps and the draft others; output is plain greedy's, and the draft's pool comes back whole."""
+    out, e = generate({"method": "draft", "model": DRAFTS[draft](), "num_tokens": 3, "prompt_lookup_min": 2})
+    assert out == reference
+    drafts = [s.draft for s in e.trace if s.draft is not None]
+    served = sum(len(d.lookup_seqs) for d in drafts)
+    drafted = sum(d.num_forwards for d in drafts)
+    assert served > 0 and drafted > 0
+    # a step's sequences went one way or the other: lookup's never also cost draft rows in that step
+    for s in e.trace:
+        if s.draft is not None and s.spec and len(s.draft.lookup_seqs) == len(s.spec):
+            assert s.draft.num_forwards == 0
+    prop = e.proposer
+    assert prop.bm.num_free_blocks == prop.bm.num_blocks and not prop.states
+    assert [StepTrace.from_dict(json.loads(json.dumps(s.to_dict()))) for s in e.trace] == e.trace
+
+
+def test_prompt_lookup_min_is_checked():
+    with pytest.raises(ValueError, match="prompt_lookup_min applies to a separate draft model"):
+        engine({"method": "draft", "model": "int8", "num_tokens": 2, "prompt_lookup_min": 2})
+    with pytest.raises(ValueError, match=r"prompt_lookup_min must be an integer in \[1, ngram_max=4\]"):
+        engine({"method": "draft", "model": DRAFTS["perturbed"](), "num_tokens": 2, "prompt_lookup_min": 5})

@@ -264,9 +264,9 @@ void paged_decode_impl(const T* q, const T* k_cache, const T* v_cache, const int
   });
 }
 
-at::Tensor paged_decode(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                        const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, int64_t window,
-                        const std::optional<at::Tensor>& tail_slots) {
+at::Tensor paged_decode_impl_any(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                 const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, int64_t window,
+                                 const std::optional<at::Tensor>& tail_slots) {
   TORCH_CHECK(q_in.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
               "paged_decode: q [B, H, D], caches [blocks, block_size, kv_heads, D]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_decode: the caches must be contiguous");
@@ -325,11 +325,31 @@ at::Tensor paged_decode(const at::Tensor& q_in, const at::Tensor& k_cache, const
   return out;
 }
 
-}  // namespace
-
-TORCH_LIBRARY(minillm_attn, lib) {
-  lib.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
-          "float scale, int window=0, Tensor? tail_slots=None) -> Tensor");
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, int64_t window) {
+  return paged_decode_impl_any(q, k_cache, v_cache, block_tables, seq_lens, scale, window, std::nullopt);
 }
 
-TORCH_LIBRARY_IMPL(minillm_attn, CPU, lib) { lib.impl("paged_decode", &paged_decode); }
+at::Tensor paged_decode_paths(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                              const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, int64_t window,
+                              const at::Tensor& tail_slots) {
+  return paged_decode_impl_any(q, k_cache, v_cache, block_tables, seq_lens, scale, window, tail_slots);
+}
+
+}  // namespace
+
+// Two ops rather than one with an optional last argument: inductor's C++ wrapper passes a custom op
+// only the arguments the graph gave it, and the dispatcher then read a missing tail_slots past the end
+// of its argument array (a segfault in compiled decode). Tree rows run eagerly, so only the first is
+// ever in a graph.
+TORCH_LIBRARY(minillm_attn, lib) {
+  lib.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
+          "float scale, int window=0) -> Tensor");
+  lib.def("paged_decode_paths(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
+          "float scale, int window, Tensor tail_slots) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(minillm_attn, CPU, lib) {
+  lib.impl("paged_decode", &paged_decode);
+  lib.impl("paged_decode_paths", &paged_decode_paths);
+}

@@ -92,12 +92,16 @@ def _vocab_suffix(name: str) -> tuple[str, dict[str, int]]:
     return (head, {"draft_vocab": int(n)}) if at and n.isdigit() and head else (name, {})
 
 
+LOOKUP_MIN = 3  # +lookup: a suffix of at least 3 tokens seen before (1 or 2 match by chance too often in code)
+
+
 @dataclass(frozen=True)
 class Proposer:
     """A name on the command line: none, ngram, int4, int8, self:N (the target's first N layers),
     draft:MODEL (a separate draft model: a registered name, folder, .gguf file or Hub id),
     draft:MODEL@N (the same, its LM head cut to the N most frequent tokens: draft_vocab=N),
     a +compile suffix on either (draft:MODEL@N+compile: the draft's decode forwards compiled, the target's not),
+    a +lookup suffix (prompt lookup first, the draft where it finds nothing: prompt_lookup_min=LOOKUP_MIN),
     medusa (the default model's shipped heads), medusa:FILE (heads from `minillm train-medusa`), either
     with @N (its guesses ranked on the N most frequent tokens' rows: draft_vocab=N), or
     medusa-tree:3x2x1 (the shipped heads' top-k per head verified as a tree: widths per depth; k is its depth);
@@ -126,13 +130,15 @@ class Proposer:
                 return {"method": kind, "heads": heads, "num_tokens": 1, **vocab}
         if self.name.startswith("draft:") and self.name[6:].strip():
             name, extra = self.name[6:].strip(), {}
-            if name.endswith("+compile") and name[: -len("+compile")]:
-                name, extra["compile"] = name[: -len("+compile")], True
+            for suffix, key, value in (("+lookup", "prompt_lookup_min", LOOKUP_MIN), ("+compile", "compile", True),
+                                       ("+lookup", "prompt_lookup_min", LOOKUP_MIN)):
+                if name.endswith(suffix) and name[: -len(suffix)]:
+                    name, extra[key] = name[: -len(suffix)], value
             model, vocab = _vocab_suffix(name)
             return {"method": "draft", "model": model, "num_tokens": 1, **vocab, **extra}
         if self.tree_widths is not None:
             return {"method": name.partition("-")[0], "tree": self.tree_widths, **vocab}
-        raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N, draft:MODEL[@N][+compile], "
+        raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N, draft:MODEL[@N][+compile][+lookup], "
                          f"medusa, medusa:FILE, medusa-tree:WxWx.., the same with hydra, or eagle:FILE[@N]")
 
     @property

@@ -124,6 +124,7 @@ class DraftRecord:
     bytes_moved: float
     evicted_seqs: tuple[int, ...] = ()  # states dropped to make room (they catch up again later)
     starved_seqs: tuple[int, ...] = ()  # wanted a proposal but the draft pool had no block
+    lookup_seqs: tuple[int, ...] = ()  # proposed by prompt lookup instead (spec_decode/lookup_first.py): no draft work
 
     @property
     def kv_usage(self) -> float:

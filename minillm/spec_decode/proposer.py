@@ -91,7 +91,13 @@ def make_proposer(cfg: SpeculativeConfig, runner, engine_config=None, tokenizer=
 
         draft = load_draft(cfg, runner, engine_config, tokenizer)
         num_blocks = cfg.num_kv_blocks or runner.plan.num_blocks  # room for as many tokens as the target's
-        return DraftModelProposer(draft, engine_config, num_blocks, compile=cfg.compile)
+        proposer = DraftModelProposer(draft, engine_config, num_blocks, compile=cfg.compile)
+        if cfg.prompt_lookup_min is None:
+            return proposer
+        from minillm.spec_decode.lookup_first import LookupFirstProposer
+        from minillm.spec_decode.ngram import NgramProposer
+
+        return LookupFirstProposer(NgramProposer(cfg.ngram_max, cfg.prompt_lookup_min), proposer)
     from minillm.spec_decode.draft import DraftProposer, quantized_copy
 
     target = runner.model

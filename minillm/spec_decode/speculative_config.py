@@ -45,6 +45,10 @@ class SpeculativeConfig:
       ships: README); any num_tokens (the layer runs once more per guess).
     heads (medusa, hydra): a heads file from `minillm train-medusa [--kind hydra]`, or a MedusaHeads /
       HydraHeads module (default: the heads shipped for the default model); num_tokens <= its heads.
+    prompt_lookup_min (separate draft): look the next tokens up in the sequence itself first (prompt
+      lookup, ngram.py: the latest earlier occurrence of its last ngram_max .. prompt_lookup_min tokens)
+      and run the draft model only for sequences where that finds nothing (spec_decode/lookup_first.py).
+      Text that copies its context then costs no draft forward. Default None: the draft always proposes.
     tree (medusa, hydra): verify a tree of candidates instead of a chain of top-1 guesses (spec_decode/tree.py):
       widths per depth ([3, 2, 1]: head 1's top-3, under each head 2's top-2, then head 3's top-1)
       or Medusa-style rank paths ([[0], [1], [0, 0]]). num_tokens becomes the tree's depth;
@@ -63,6 +67,7 @@ class SpeculativeConfig:
     compile: bool | None = None
     heads: Any = None
     tree: Any = None
+    prompt_lookup_min: int | None = None
 
     @property
     def tree_template(self):
@@ -107,6 +112,14 @@ class SpeculativeConfig:
                 "a draft built from the target runs in the target's forward")
         if self.compile is not None and not isinstance(self.compile, bool):
             bad(f"compile must be True, False or None (as the engine), got {self.compile!r}")
+        if self.prompt_lookup_min is not None:
+            if self.method != "draft" or self.builds_from_target:
+                bad("prompt_lookup_min applies to a separate draft model (method 'draft' with a model name, path or "
+                    "module); method 'ngram' is prompt lookup alone")
+            if (not isinstance(self.prompt_lookup_min, int) or isinstance(self.prompt_lookup_min, bool)
+                    or not 1 <= self.prompt_lookup_min <= self.ngram_max):
+                bad(f"prompt_lookup_min must be an integer in [1, ngram_max={self.ngram_max}], "
+                    f"got {self.prompt_lookup_min!r}")
         if self.tree is not None and self.method not in HEAD_METHODS:
             bad(f"tree applies to methods {HEAD_METHODS} (their heads rank several candidates per position), "
                 f"not {self.method!r}")
