@@ -64,6 +64,10 @@ def test_a_draft_model_proposer_can_cut_its_vocabulary():
                                                                "num_tokens": 1}
     assert Proposer("draft:qwen2.5-coder-0.5b+compile").speculative == {
         "method": "draft", "model": "qwen2.5-coder-0.5b", "num_tokens": 1, "compile": True}
+    # prompt lookup first (spec_decode/lookup_first.py), in either order with +compile
+    for name in ("draft:qwen2.5-coder-0.5b@32768+compile+lookup", "draft:qwen2.5-coder-0.5b@32768+lookup+compile"):
+        assert Proposer(name).speculative == {"method": "draft", "model": "qwen2.5-coder-0.5b", "num_tokens": 1,
+                                              "draft_vocab": 32768, "compile": True, "prompt_lookup_min": 3}
 
 
 def test_hydra_proposers_parse_like_medusas():

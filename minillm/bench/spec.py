@@ -104,7 +104,8 @@ class Proposer:
     a +lookup suffix (prompt lookup first, the draft where it finds nothing: prompt_lookup_min=LOOKUP_MIN),
     medusa (the default model's shipped heads), medusa:FILE (heads from `minillm train-medusa`), either
     with @N (its guesses ranked on the N most frequent tokens' rows: draft_vocab=N), or
-    medusa-tree:3x2x1 (the shipped heads' top-k per head verified as a tree: widths per depth; k is its depth);
+    medusa-tree:3x2x1 (the shipped heads' top-k per head verified as a tree: widths per depth; k is its depth),
+    or medusa-tree:0/1/2/0-0 (the tree's rank paths: nodes by slashes, ranks by dashes);
     hydra, hydra:FILE, hydra-tree:2x1, with @N as Medusa's: Hydra heads (spec_decode/hydra.py), which also read
     the tokens guessed before them; eagle:FILE, with @N as Medusa's: an EAGLE layer (spec_decode/eagle.py),
     one decoder layer on the target's features that reads the context."""
@@ -138,6 +139,8 @@ class Proposer:
             return {"method": "draft", "model": model, "num_tokens": 1, **vocab, **extra}
         if self.tree_widths is not None:
             return {"method": name.partition("-")[0], "tree": self.tree_widths, **vocab}
+        if self.tree_paths is not None:
+            return {"method": name.partition("-")[0], "tree": self.tree_paths, **vocab}
         raise ValueError(f"unknown proposer {self.name!r}: use none, ngram, int4, int8, self:N, draft:MODEL[@N][+compile][+lookup], "
                          f"medusa, medusa:FILE, medusa-tree:WxWx.., the same with hydra, or eagle:FILE[@N]")
 
@@ -150,9 +153,21 @@ class Proposer:
         return [int(w) for w in parts]
 
     @property
+    def tree_paths(self) -> list[list[int]] | None:
+        """hydra-tree:0/1/2/0-0: rank paths (Medusa's medusa_choices), nodes by slashes, ranks by dashes."""
+        head, _, spec = _vocab_suffix(self.name)[0].partition(":")
+        paths = [p.split("-") for p in spec.split("/")]
+        if head not in ("medusa-tree", "hydra-tree") or "/" not in spec and "-" not in spec or not all(
+                r.isdigit() for p in paths for r in p):
+            return None
+        return [[int(r) for r in p] for p in paths]
+
+    @property
     def fixed_k(self) -> int | None:
         """A tree's depth is its k: the sweep over k does not apply."""
-        return None if self.tree_widths is None else len(self.tree_widths)
+        if self.tree_widths is not None:
+            return len(self.tree_widths)
+        return None if self.tree_paths is None else max(len(p) for p in self.tree_paths)
 
     @property
     def is_draft_model(self) -> bool:
