@@ -80,6 +80,12 @@ def test_hydra_proposers_parse_like_medusas():
     assert Proposer("hydra-tree:2x1@4096").speculative == {"method": "hydra", "tree": [2, 1], "draft_vocab": 4096}
     assert Proposer("medusa-tree:3x2").speculative == {"method": "medusa", "tree": [3, 2]}
     assert Proposer("hydra-tree:2x1").fixed_k == 2
+    # a tree as rank paths: nodes by slashes, ranks by dashes (head 1's top-2, head 2's top-1 under the first)
+    assert Proposer("hydra-tree:0/1/0-0@4096").speculative == {"method": "hydra", "tree": [[0], [1], [0, 0]],
+                                                                "draft_vocab": 4096}
+    assert Proposer("hydra-tree:0/1/0-0").fixed_k == 2 and Proposer("hydra-tree:0/1").fixed_k == 1
+    with pytest.raises(ValueError, match="unknown proposer"):
+        Proposer("hydra-tree:0/x").speculative
     assert all(Proposer(n).is_medusa for n in ("hydra", "hydra@8192", "hydra-tree:2x1", "medusa"))
     assert not Proposer("draft:x").is_medusa
 
