@@ -97,18 +97,9 @@ def test_the_engine_gives_the_same_tokens_with_the_kernel_off(monkeypatch):
     assert not calls
 
 
-@pytest.mark.parametrize("window", [None, 3])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_verify_chunks_as_kernel_rows_equal_the_chunk_path(window, dtype):
-    """A step of 2 decode rows, two verify chunks (5 and 3 rows over cached keys), a 20-row prefill chunk
-    and a fresh prompt: the kernel serves the decode rows and both verify chunks in one call (query i of a
-    chunk as a decode row of its own length); the result equals the gather + SDPA chunk path."""
-    from minillm.attention.metadata import AttentionMetadata
-    from minillm.attention.torch_backend import TorchAttentionBackend
-
-    g = torch.Generator().manual_seed(7)
-    bs, kvh, group, d, blocks = 4, 2, 3, 16, 64
-    query_lens, seq_lens = [1, 1, 5, 3, 20, 6], [9, 14, 17, 8, 30, 6]
+def random_step(query_lens, seq_lens, bs, kvh, dtype, seed, group=3, d=16, blocks=64):
+    """Block tables over a shuffled pool, random caches, and a step's q/k/v for these chunks."""
+    g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(blocks, generator=g).tolist()
     tables, used = [], 0
     for n in seq_lens:
@@ -119,6 +110,21 @@ def test_verify_chunks_as_kernel_rows_equal_the_chunk_path(window, dtype):
     t = sum(query_lens)
     q = torch.randn(t, kvh * group, d, generator=g).to(dtype)
     k, v = torch.randn(t, kvh, d, generator=g).to(dtype), torch.randn(t, kvh, d, generator=g).to(dtype)
+    return tables, k_cache, v_cache, q, k, v
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_chunks_as_kernel_rows_equal_the_chunk_path(window, dtype):
+    """A step of 2 decode rows, two verify chunks (5 and 3 rows over cached keys), a 20-row prefill chunk
+    and a fresh prompt: the kernel serves the decode rows and both verify chunks in one call (query i of a
+    chunk as a decode row of its own length); the result equals the gather + SDPA chunk path."""
+    from minillm.attention.metadata import AttentionMetadata
+    from minillm.attention.torch_backend import TorchAttentionBackend
+
+    bs, kvh = 4, 2
+    query_lens, seq_lens = [1, 1, 5, 3, 20, 6], [9, 14, 17, 8, 30, 6]
+    tables, k_cache, v_cache, q, k, v = random_step(query_lens, seq_lens, bs, kvh, dtype, seed=7)
     backend = TorchAttentionBackend()
     outs = []
     for as_rows in (True, False):
@@ -143,21 +149,11 @@ def test_tree_chunks_as_kernel_rows_equal_the_masked_chunk_path(window, dtype):
     from minillm.attention.metadata import AttentionMetadata
     from minillm.attention.torch_backend import TorchAttentionBackend
 
-    g = torch.Generator().manual_seed(11)
-    bs, kvh, group, d, blocks = 4, 2, 3, 16, 64
+    bs, kvh = 4, 2
     parents = [-1, -1, 0, 0, 2]  # node 4 sits at depth 3 behind nodes 2 and 0
     query_lens, seq_lens = [1, 6, 3, 20], [9, 19, 8, 30]
     trees = [None, parents, None, None]
-    perm = torch.randperm(blocks, generator=g).tolist()
-    tables, used = [], 0
-    for n in seq_lens:
-        tables.append(perm[used : used + -(-n // bs)])
-        used += len(tables[-1])
-    k_cache = torch.randn(blocks, bs, kvh, d, generator=g).to(dtype)
-    v_cache = torch.randn(blocks, bs, kvh, d, generator=g).to(dtype)
-    t = sum(query_lens)
-    q = torch.randn(t, kvh * group, d, generator=g).to(dtype)
-    k, v = torch.randn(t, kvh, d, generator=g).to(dtype), torch.randn(t, kvh, d, generator=g).to(dtype)
+    tables, k_cache, v_cache, q, k, v = random_step(query_lens, seq_lens, bs, kvh, dtype, seed=11)
     backend = TorchAttentionBackend()
     outs = []
     for as_rows in (True, False):
