@@ -15,10 +15,14 @@ memory) and its LM head [49152, 576], one pass, median of 5 (3 at 2,048 rows), a
     packed       41.6    55.4    88.0    253.9   354.0   1,397 ms
                  x1.22   x1.39   x1.27   x1.13   x1.05   x1.03
 
-So the engine packs a weight the first time a batched step (more than `skinny_linear.transposed_max_rows`
-rows) multiplies it, and keeps the copy while the weight lives: the memory of the batched linears twice
-(the original stays for the few-row kernels, compiled graphs and the state dict). A weight changed in
-place or replaced (its version or storage moves) is packed again.
+So the engine packs a weight the first time a batched decode step (more than
+`skinny_linear.transposed_max_rows` rows, at most MAX_ROWS: at prefill sizes the two are level) multiplies
+it, and keeps the copy while the weight lives: the memory of the batched linears twice (the original stays
+for the few-row kernels, compiled graphs and the state dict). A weight changed in place or replaced (its
+version or storage moves) is packed again. The copies of a process stay within ``MINILLM_MKL_PACK_MB``
+(default 1,024 MB: the default model's ~430 MB fit; a 1.5B model in float32 packs its first layers and
+multiplies the rest unpacked), so a big float32 model does not need twice its memory: a CI worker holding
+the 1.5B model and its transformers reference was killed for memory when every weight was packed.
 
 torch calls the packed product only when the row count equals the one it was packed for and otherwise
 falls back to the plain sgemm; MKL's packed B panels do not depend on the row count, so every call
@@ -38,6 +42,8 @@ from torch.nn import functional as F
 from minillm.kernels import tiled_cpu
 
 PACK_ROWS = 128  # the row count the packing is asked for (any count then reads it, see the docstring)
+MAX_ROWS = 256  # above, F.linear: x1.05 at 512 rows and level at 2,048 do not pay for a second copy
+DEFAULT_BUDGET_MB = 1024
 
 
 @dataclass
@@ -45,9 +51,20 @@ class PackedWeight:
     packed: torch.Tensor  # MKL's opaque buffer (an MkldnnCPU tensor)
     data_ptr: int  # the weight it was packed from: storage and version, to notice a change
     version: int
+    nbytes: int  # the weight's bytes: what its packed copy adds to the resident memory (measured)
 
 
 _packed: dict[int, PackedWeight] = {}  # id(weight) -> its packed copy; dropped when the weight dies
+
+
+def budget_bytes() -> int:
+    """The most bytes all packed copies may hold (MINILLM_MKL_PACK_MB)."""
+    return int(float(os.environ.get("MINILLM_MKL_PACK_MB", DEFAULT_BUDGET_MB)) * 2**20)
+
+
+def packed_bytes() -> int:
+    """Bytes the packed copies hold now, counted as their weights' (what the resident memory grew by)."""
+    return sum(e.nbytes for e in _packed.values())
 
 
 @functools.cache
@@ -77,25 +94,33 @@ def enabled() -> bool:
 
 
 def applies(rows: int, x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """A batched float32 product on the CPU (the caller sends only batches), a contiguous [out, in] weight."""
-    return (rows > 0 and x.device.type == "cpu" and x.dtype == torch.float32
+    """A batched float32 product on the CPU up to MAX_ROWS rows (the caller sends only batches), a contiguous
+    [out, in] weight."""
+    return (0 < rows <= MAX_ROWS and x.device.type == "cpu" and x.dtype == torch.float32
             and weight.dtype == torch.float32 and weight.is_contiguous() and enabled())
 
 
-def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The weight's packed copy, made on first use and again after the weight changed."""
+def packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """The weight's packed copy, made on first use and again after the weight changed; None when a new copy
+    would pass the budget (the product then runs unpacked)."""
     key = id(weight)
     entry = _packed.get(key)
     if entry is None or entry.data_ptr != weight.data_ptr() or entry.version != weight._version:
+        held = packed_bytes() - (entry.nbytes if entry is not None else 0)
+        if held + weight.nbytes > budget_bytes():
+            return None
         if entry is None:  # forget the copy with the weight (an id can be reused after that)
             weakref.finalize(weight, _packed.pop, key, None)
         entry = PackedWeight(torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), PACK_ROWS),
-                             weight.data_ptr(), weight._version)
+                             weight.data_ptr(), weight._version, weight.nbytes)
         _packed[key] = entry
     return entry.packed
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ weight[N, K].T + bias -> [M, N], through the weight's packed copy."""
-    return torch.ops.mkl._mkl_linear(x, packed_weight(weight), weight, bias, x.shape[0])
+    """x [M, K] @ weight[N, K].T + bias -> [M, N], through the weight's packed copy (F.linear past the budget)."""
+    packed = packed_weight(weight)
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, x.shape[0])
 

@@ -69,3 +69,21 @@ def test_strided_inputs_give_f_linear_s_result():
     for x in (torch.randn(96, 70, generator=g).t(), torch.randn(70, 200, generator=g)[:, :96]):
         assert not x.is_contiguous()
         torch.testing.assert_close(mkl_packed.linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_the_copies_stay_within_the_budget(monkeypatch):
+    """MINILLM_MKL_PACK_MB caps what the packed copies hold; past it a product runs unpacked (same result)."""
+    monkeypatch.setenv("MINILLM_MKL_PACK_MB", str((mkl_packed.packed_bytes() + 300 * 96 * 4 + 1000) / 2**20))
+    first, second = torch.randn(300, 96), torch.randn(300, 96)
+    x = torch.randn(50, 96)
+    assert mkl_packed.packed_weight(first) is not None
+    assert mkl_packed.packed_weight(second) is None  # no room left
+    torch.testing.assert_close(mkl_packed.linear(x, second), F.linear(x, second), rtol=1e-5, atol=1e-5)
+    del first
+    gc.collect()
+    assert mkl_packed.packed_weight(second) is not None  # the first copy went with its weight
+
+
+def test_prefill_sized_products_are_not_packed():
+    x, w = torch.randn(mkl_packed.MAX_ROWS + 1, 16), torch.randn(24, 16)
+    assert not mkl_packed.applies(x.shape[0], x, w)
