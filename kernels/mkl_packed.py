@@ -55,6 +55,7 @@ class PackedWeight:
 
 
 _packed: dict[int, PackedWeight] = {}  # id(weight) -> its packed copy; dropped when the weight dies
+_held = 0  # sum of _packed's nbytes, kept as copies come and go (a weight past the budget asks every call)
 
 
 def budget_bytes() -> int:
@@ -64,7 +65,17 @@ def budget_bytes() -> int:
 
 def packed_bytes() -> int:
     """Bytes the packed copies hold now, counted as their weights' (what the resident memory grew by)."""
-    return sum(e.nbytes for e in _packed.values())
+    return _held
+
+
+def _store(key: int, entry: PackedWeight | None) -> None:
+    """Put (or, with None, drop) the copy of weight `key`, keeping _held in step."""
+    global _held
+    old = _packed.pop(key, None)
+    _held -= old.nbytes if old is not None else 0
+    if entry is not None:
+        _packed[key] = entry
+        _held += entry.nbytes
 
 
 @functools.cache
@@ -110,10 +121,10 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
         if held + weight.nbytes > budget_bytes():
             return None
         if entry is None:  # forget the copy with the weight (an id can be reused after that)
-            weakref.finalize(weight, _packed.pop, key, None)
+            weakref.finalize(weight, _store, key, None)
         entry = PackedWeight(torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), PACK_ROWS),
                              weight.data_ptr(), weight._version, weight.nbytes)
-        _packed[key] = entry
+        _store(key, entry)
     return entry.packed
 
 

@@ -240,7 +240,7 @@ def test_prompt_lookup_first_keeps_greedy_output_and_spares_the_draft(reference,
     for s in e.trace:
         if s.draft is not None and s.spec and len(s.draft.lookup_seqs) == len(s.spec):
             assert s.draft.num_forwards == 0
-    prop = e.proposer
+    prop = e.proposer.draft  # the draft model's proposer keeps the pool
     assert prop.bm.num_free_blocks == prop.bm.num_blocks and not prop.states
     assert [StepTrace.from_dict(json.loads(json.dumps(s.to_dict()))) for s in e.trace] == e.trace
 

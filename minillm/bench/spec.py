@@ -131,10 +131,10 @@ class Proposer:
                 return {"method": kind, "heads": heads, "num_tokens": 1, **vocab}
         if self.name.startswith("draft:") and self.name[6:].strip():
             name, extra = self.name[6:].strip(), {}
-            for suffix, key, value in (("+lookup", "prompt_lookup_min", LOOKUP_MIN), ("+compile", "compile", True),
-                                       ("+lookup", "prompt_lookup_min", LOOKUP_MIN)):
-                if name.endswith(suffix) and name[: -len(suffix)]:
-                    name, extra[key] = name[: -len(suffix)], value
+            suffixes = {"+compile": ("compile", True), "+lookup": ("prompt_lookup_min", LOOKUP_MIN)}
+            while (suffix := next((f for f in suffixes if name.endswith(f) and name[: -len(f)]), None)):
+                name, (key, value) = name[: -len(suffix)], suffixes[suffix]
+                extra[key] = value
             model, vocab = _vocab_suffix(name)
             return {"method": "draft", "model": model, "num_tokens": 1, **vocab, **extra}
         if self.tree_widths is not None:

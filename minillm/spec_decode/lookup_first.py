@@ -56,9 +56,3 @@ class LookupFirstProposer(Proposer):
     def trace_record(self):
         served, self._served = tuple(self._served), []
         return replace(self.draft.trace_record(), lookup_seqs=served)
-
-    # what code elsewhere reads off a draft-model proposer (its runner, pool and states)
-    def __getattr__(self, name: str):
-        if name == "draft":  # not set yet (during construction or unpickling)
-            raise AttributeError(name)
-        return getattr(self.draft, name)
