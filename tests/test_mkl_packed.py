@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from minillm.kernels import mkl_packed
+from minillm.kernels import mkl_packed, tiled_cpu
 from minillm.models.skinny_linear import SkinnyLinear
 
 if not mkl_packed.works_here():
@@ -48,9 +48,11 @@ def test_the_packed_copy_goes_with_its_weight():
 
 def test_a_batched_skinny_linear_takes_the_packed_product_when_enabled(monkeypatch):
     """On an Intel CPU a batch above the few-row kernels' 32 rows multiplies the packed copy (here forced
-    on, whatever the CPU); the result is F.linear's."""
+    on, whatever the CPU, and the tiled kernel, which takes these rows on AMD, forced off); the result is
+    F.linear's."""
     monkeypatch.setattr(mkl_packed, "enabled", lambda: True)
-    lin = SkinnyLinear(96, 120, bias=True)  # not wide (out < 2 x in): the tiled kernel keeps only wide layers here
+    monkeypatch.setattr(tiled_cpu, "applies", lambda *a: False)
+    lin = SkinnyLinear(96, 120, bias=True)
     x = torch.randn(3, 20, 96)  # 60 rows
     calls = []
     real = mkl_packed.linear
