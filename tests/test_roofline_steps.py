@@ -11,6 +11,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from minillm.engine.trace import dump_trace, load_trace
 from minillm.metrics.from_trace import summarize
@@ -123,6 +124,7 @@ def test_the_roofs_are_the_best_probe_shape_and_repeat(monkeypatch):
     # a roof from the square alone put a prefill step at 112% of it
     speeds = {(2048, 2048, 2048): [45e9, 50e9, 40e9], (512, 576, 1536): [90e9, 96e9, 60e9], (512, 512, 512): [70e9] * 3}
     monkeypatch.setattr(R, "measure_gemm", lambda device, dtype, shape, repeats: speeds[shape])
+    monkeypatch.setattr(R, "engine_gemm_kernels", lambda device, dtype: [])  # torch's product alone here
     mm = R.measure_matmul(torch.device("cpu"), torch.float32, shapes=list(speeds))
     assert (mm.params["m"], mm.params["k"], mm.params["n"]) == (512, 576, 1536)
     assert mm.best == 96e9 and mm.median == 90e9 and mm.params["shapes"]["2048x2048x2048"] == 50e9
@@ -179,6 +181,8 @@ def test_the_compute_roof_covers_the_models_prefill_products(monkeypatch):
     speeds = {(512, 512, 512): [70e9, 60e9], (960, 576, 512, "nt"): [90e9, 120e9], (576, 576, 512, "nt"): [80e9]}
     calls = []
 
+    monkeypatch.setattr(R, "engine_gemm_kernels", lambda device, dtype: [])  # torch's product alone here
+
     def fake(device, dtype, shape, repeats):
         calls.append(shape)
         return speeds[shape]
@@ -192,3 +196,38 @@ def test_the_compute_roof_covers_the_models_prefill_products(monkeypatch):
     calls.clear()
     same, added = R.add_shapes(more, torch.device("cpu"), torch.float32, list(speeds))
     assert not added and not calls and same is more  # measured once, kept
+
+
+def test_a_shape_the_engines_own_kernel_multiplies_faster_raises_the_roof(monkeypatch):
+    """On a Zen 5 MKL ran ~200 GFLOP/s and the tiled kernel 360-440: torch's GEMM alone put a batched run at
+    102% of its roof. Each shape counts its fastest kernel, and the roof says which kernel that was."""
+    from minillm.roofline import roofs as R
+
+    torch_speed = {(512, 512, 512): [200e9], (960, 576, 512, "nt"): [190e9]}
+    tiled_speed = {(512, 512, 512): [150e9], (960, 576, 512, "nt"): [410e9]}
+
+    def fake(device, dtype, shape, repeats, kernel="torch"):
+        return (tiled_speed if kernel == "tiled" else torch_speed)[shape]
+
+    monkeypatch.setattr(R, "measure_gemm", fake)
+    monkeypatch.setattr(R, "engine_gemm_kernels", lambda device, dtype: ["tiled"])
+    mm = R.measure_matmul(torch.device("cpu"), torch.float32, shapes=list(torch_speed))
+    assert mm.best == 410e9 and mm.params["kernel"] == "tiled" and mm.params["layout"] == "nt"
+    assert mm.params["shapes"] == {"512x512x512": 200e9, "960x576x512-nt": 410e9}
+    assert mm.params["kernels"] == {"960x576x512-nt": "tiled"}  # the square stayed torch's
+    older = R.Measurement.of("FLOP/s", [300e9], shapes={"960x576x512-nt": 300e9, "64x64x64": 5e9})
+    merged = R.merged_matmul(older, mm)
+    assert merged.params["kernels"] == {"960x576x512-nt": "tiled"} and merged.best == 410e9
+    assert R.merged_matmul(mm, R.Measurement.of("FLOP/s", [500e9], shapes={"960x576x512-nt": 500e9})
+                           ).params["kernels"] == {}  # a faster torch figure takes the shape back
+
+
+def test_the_tiled_kernel_is_measured_on_a_float32_cpu_product_where_it_is_built():
+    from minillm.kernels import tiled_cpu
+    from minillm.roofline import roofs as R
+
+    cpu = torch.device("cpu")
+    assert R.engine_gemm_kernels(cpu, torch.bfloat16) == []
+    assert R.engine_gemm_kernels(cpu, torch.float32) == (["tiled"] if tiled_cpu.available() else [])
+    if tiled_cpu.available():
+        assert all(f > 0 for f in R.measure_gemm(cpu, torch.float32, (64, 48, 96, "nt"), 2, kernel="tiled"))

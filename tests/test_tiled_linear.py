@@ -53,6 +53,7 @@ def test_tiled_kernel_refuses_what_it_cannot_do():
 @pytest.mark.parametrize("vendor", ["amd", "intel", "other"])
 def test_the_kernel_takes_the_rows_it_was_measured_faster_at_on_each_cpu(vendor, monkeypatch):
     monkeypatch.setattr(tiled_cpu, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(tiled_cpu, "outruns_mkl", lambda: False)  # a Zen 4 or a Xeon: MKL keeps prefill's rows
     monkeypatch.delenv("MINILLM_TILED", raising=False)
     tiled_cpu.row_limits.cache_clear()
     try:
@@ -70,6 +71,43 @@ def test_the_kernel_takes_the_rows_it_was_measured_faster_at_on_each_cpu(vendor,
         assert takes(lo, narrow) and takes(tiled_cpu.MAX_ROWS, narrow) and not takes(tiled_cpu.MAX_ROWS + 1, narrow)
         assert takes(2048, wide)  # a wide layer keeps the kernel at prefill's row counts
     finally:
+        tiled_cpu.row_limits.cache_clear()
+
+
+@needs_kernel
+@pytest.mark.parametrize("vendor", ["amd", "intel"])
+def test_where_the_kernel_outruns_mkl_it_takes_every_row_count(vendor, monkeypatch):
+    """A Zen 5 (full-width 512-bit FMAs): the kernel measured 1.8-2.6x MKL at 32-2,048 rows, so it takes
+    every count from MIN_ROWS on every layer, on any vendor where the start-up check says so."""
+    monkeypatch.setattr(tiled_cpu, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(tiled_cpu, "outruns_mkl", lambda: True)
+    tiled_cpu.row_limits.cache_clear()
+    try:
+        narrow, wide = torch.randn(64, 64), torch.randn(tiled_cpu.WIDE * 64, 64)
+        for weight in (narrow, wide):
+            assert not tiled_cpu.applies(tiled_cpu.MIN_ROWS - 1, torch.randn(1, 64), weight)
+            assert all(tiled_cpu.applies(rows, torch.randn(rows, 64), weight)
+                       for rows in (tiled_cpu.MIN_ROWS, tiled_cpu.MAX_ROWS + 1, 2048))
+    finally:
+        tiled_cpu.row_limits.cache_clear()
+
+
+@needs_kernel
+def test_the_start_up_check_measures_unless_the_setting_decides(monkeypatch):
+    for setting, expected in (("all", True), ("full", False), ("mkl", False)):
+        monkeypatch.setenv("MINILLM_TILED", setting)
+        tiled_cpu.outruns_mkl.cache_clear()
+        assert tiled_cpu.outruns_mkl() is expected
+    monkeypatch.delenv("MINILLM_TILED")
+    calls = []
+    real = tiled_cpu.linear
+    monkeypatch.setattr(tiled_cpu, "linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    tiled_cpu.outruns_mkl.cache_clear()
+    try:
+        assert isinstance(tiled_cpu.outruns_mkl(), bool)
+        assert calls and calls[0] == torch.Size(tiled_cpu.CHECK_SHAPE[:2])  # it timed the kernel
+    finally:
+        tiled_cpu.outruns_mkl.cache_clear()
         tiled_cpu.row_limits.cache_clear()
 
 

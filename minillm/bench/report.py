@@ -105,6 +105,8 @@ def format_roofs(roofs: Any) -> str:
         shape = "x".join(str(m.params.get(k)) for k in ("m", "k", "n"))
         if m.params.get("layout", "nn") != "nn":  # the right operand transposed, as in x @ W.T
             shape += f" ({m.params['layout']})"
+        if m.params.get("kernel", "torch") != "torch":  # the engine's own kernel multiplied it fastest
+            shape += f" by minillm's {m.params['kernel']} kernel"
         lines.append(f"  matmul {name:9s} {m.best / 1e9:.0f} GFLOP/s (best of {len(m.params.get('shapes', {1: 0}))} "
                      f"GEMM shapes: {shape}; median {m.median / 1e9:.0f})")
     return "\n".join(lines)
