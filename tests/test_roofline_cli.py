@@ -177,3 +177,21 @@ def test_roofline_cli_rejects_bad_input(cache, tmp_path):
     bad.write_text('{"step": 1}\n')
     with pytest.raises(SystemExit, match="cannot read the trace"):
         minillm_main(["roofline", "--trace", str(bad)])
+
+
+def test_the_printed_roofs_say_how_old_they_are():
+    """A cached Xeon roof of 336 GFLOP/s measured 448 the next day: roofs older than an hour say so."""
+    import time
+
+    from minillm.bench.report import STALE_ROOFS_S, format_roofs
+    from minillm.roofline.roofs import Measurement, Roofs
+
+    def roofs(age_s: float) -> Roofs:
+        bw = Measurement.of("B/s", [1e10])
+        return Roofs(machine={"device_name": "cpu", "torch_threads": 2}, bandwidth=bw, read_bandwidth=bw,
+                     copy_bandwidth=bw, matmul={"float32": Measurement.of("FLOP/s", [4e11], m=8, k=8, n=8)},
+                     measured_at=time.time() - age_s)
+
+    fresh, old = format_roofs(roofs(60)), format_roofs(roofs(STALE_ROOFS_S + 7200))
+    assert "measured 1 min ago" in fresh and "--remeasure-roofs" not in fresh
+    assert "3.0 h old" in old and "--remeasure-roofs" in old

@@ -10,6 +10,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import time
 from typing import Any
 
 from minillm.bench.targets import Target
@@ -96,9 +97,14 @@ def format_throughput(summary: dict[str, Any]) -> str:
     return "\n".join(lines + ["targets"] + format_targets(summary["targets"]))
 
 
+STALE_ROOFS_S = 3600.0  # a cached Xeon roof of 336 GFLOP/s measured 448 the next day: older than this, say so
+
+
 def format_roofs(roofs: Any) -> str:
     threads = roofs.machine.get("torch_threads")
-    lines = [f"machine roofs ({roofs.machine.get('device_name')}, {threads} thread{'' if threads == 1 else 's'})",
+    age_s = time.time() - roofs.measured_at if roofs.measured_at else None
+    when = f", measured {age_s / 60:.0f} min ago" if age_s is not None else ""
+    lines = [f"machine roofs ({roofs.machine.get('device_name')}, {threads} thread{'' if threads == 1 else 's'}{when})",
              f"  bandwidth roof {roofs.bandwidth_bytes_per_s / 1e9:.1f} GB/s (best repeat; read-only "
              f"{roofs.read_bandwidth.best / 1e9:.1f}, copy read+write {roofs.copy_bandwidth.best / 1e9:.1f} GB/s)"]
     for name, m in roofs.matmul.items():
@@ -109,6 +115,9 @@ def format_roofs(roofs: Any) -> str:
             shape += f" by minillm's {m.params['kernel']} kernel"
         lines.append(f"  matmul {name:9s} {m.best / 1e9:.0f} GFLOP/s (best of {len(m.params.get('shapes', {1: 0}))} "
                      f"GEMM shapes: {shape}; median {m.median / 1e9:.0f})")
+    if age_s is not None and age_s > STALE_ROOFS_S:  # a vCPU's clock and its share of memory move from day to day
+        lines.append(f"  note: these roofs are {age_s / 3600:.1f} h old; a fraction of a roof holds only against one "
+                     f"measured in the same run (--remeasure-roofs)")
     return "\n".join(lines)
 
 
