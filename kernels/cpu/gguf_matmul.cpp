@@ -35,6 +35,11 @@
 // One weight row meets up to four activation rows while its bytes are in L1, so a
 // batched decode step unpacks each block once per four sequences (TILE below).
 //
+// With AVX-512 VNNI, Q4_KX8 takes two steps per 64-byte load (dot_q4k_x8) and its mins two sub-blocks
+// per madd. On a 2-vCPU AMD Zen 5 (full-width 512-bit units), 1.5B-shaped Q4_K layers, 6 layers in
+// turn: 4 rows 0.86 -> 0.76 ms a layer, 8 rows 1.60 -> 1.36 ms; the 1.5B's speculative step with the
+// 0.5B draft at k = 3 cost 2.50 -> 2.39 plain steps. Integer sums either way: the same results.
+//
 // Registered as torch ops (torch.ops.minillm_gguf.*) so torch.compile sees them as
 // opaque calls; the Python side (kernels/gguf_cpu.py) builds this file once per CPU.
 #include <ATen/ATen.h>
@@ -507,6 +512,34 @@ void dot_q4k_x8(const uint8_t* w, const Act* a, int64_t k, float* out) {
     for (int c = 0; c < 4; ++c) {
       prefetch_lines(w + PREFETCH_BYTES + 296 * c, 5);  // 1184 bytes per super-block, a quarter per chunk
       __m256i lo_acc[R], hi_acc[R];
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+      // Two steps per 64-byte load: lanes 0-7 hold step t's 8 rows, lanes 8-15 step t + 1's, so each
+      // dpbusd does two steps' work; the halves are added at the end. The sums are integers, so the
+      // result is the 256-bit loop's exactly.
+      {
+        const __m512i low4w = _mm512_set1_epi8(0x0F);
+        const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        __m512i lo_w[R], hi_w[R];
+        for (int r = 0; r < R; ++r) lo_w[r] = hi_w[r] = _mm512_setzero_si512();
+        for (int t = 0; t < 8; t += 2) {
+          const __m512i q = _mm512_loadu_si512(qs + (8 * c + t) * 32);
+          const __m512i lo = _mm512_and_si512(q, low4w), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4w);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* x = a[r].q + b * 256 + 64 * c + 4 * t;  // steps t and t + 1: 8 bytes
+            const __m512i xl = _mm512_permutexvar_epi32(pair, _mm512_castsi128_si512(_mm_loadl_epi64(
+                reinterpret_cast<const __m128i*>(x))));
+            const __m512i xh = _mm512_permutexvar_epi32(pair, _mm512_castsi128_si512(_mm_loadl_epi64(
+                reinterpret_cast<const __m128i*>(x + 32))));
+            lo_w[r] = _mm512_dpbusd_epi32(lo_w[r], lo, xl);
+            hi_w[r] = _mm512_dpbusd_epi32(hi_w[r], hi, xh);
+          }
+        }
+        for (int r = 0; r < R; ++r) {
+          lo_acc[r] = _mm256_add_epi32(_mm512_castsi512_si256(lo_w[r]), _mm512_extracti64x4_epi64(lo_w[r], 1));
+          hi_acc[r] = _mm256_add_epi32(_mm512_castsi512_si256(hi_w[r]), _mm512_extracti64x4_epi64(hi_w[r], 1));
+        }
+      }
+#else
       for (int r = 0; r < R; ++r) lo_acc[r] = hi_acc[r] = _mm256_setzero_si256();
       for (int t = 0; t < 8; ++t) {
         const __m256i q = load32(qs + (8 * c + t) * 32);
@@ -517,18 +550,25 @@ void dot_q4k_x8(const uint8_t* w, const Act* a, int64_t k, float* out) {
           hi_acc[r] = dot_acc(hi_acc[r], hi, _mm256_set1_epi32(load4(x + 32)));
         }
       }
+#endif
       const __m256i sc_lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 32 + 16 * c)));
       const __m256i sc_hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 40 + 16 * c)));
       for (int r = 0; r < R; ++r)
         sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_mullo_epi32(lo_acc[r], sc_lo),
                                                             _mm256_mullo_epi32(hi_acc[r], sc_hi)));
     }
+    // the mins: sub-blocks j and j + 1 at once, as int16 pairs (m <= 63, |sum of 32 codes| <= 4064) in
+    // one madd, where a 32-bit multiply per sub-block cost as much as a quarter of the code products
     __m256i mins[R];
     for (int r = 0; r < R; ++r) mins[r] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {
-      const __m256i mj = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 96 + 8 * j)));
-      for (int r = 0; r < R; ++r)
-        mins[r] = _mm256_add_epi32(mins[r], _mm256_mullo_epi32(mj, _mm256_set1_epi32(sum32(a[r], b * 8 + j))));
+    for (int j = 0; j < 8; j += 2) {
+      const __m128i mm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 96 + 8 * j));  // m_j[8], m_j+1[8]
+      const __m256i mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mm, _mm_srli_si128(mm, 8)));  // lane i: (m_j, m_j+1)
+      for (int r = 0; r < R; ++r) {
+        const uint32_t pair = static_cast<uint16_t>(sum32(a[r], b * 8 + j)) |
+                              (static_cast<uint32_t>(static_cast<uint16_t>(sum32(a[r], b * 8 + j + 1))) << 16);
+        mins[r] = _mm256_add_epi32(mins[r], _mm256_madd_epi16(mp, _mm256_set1_epi32(static_cast<int>(pair))));
+      }
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
