@@ -62,8 +62,11 @@ def test_measure_policies_per_class():
             wanted = [n for _, _, n, c, _ in reqs if c == cls]
             assert s[cls]["num_completed"] == len(wanted) and s[cls]["num_errors"] == 0
             assert s[cls]["output_tokens"] == sum(wanted)  # ignore_eos: exactly max_tokens each
-            for key in ("ttft_s", "tpot_s", "e2e_s"):
+            for key in ("ttft_s", "e2e_s"):
                 assert 0 < s[cls][key]["p50"] <= s[cls][key]["p99"]
+            # a short request's 2-5 tokens can all reach the client in one streamed chunk on a fast machine
+            # (a Zen 5 did it for most of them): its TPOT, as the client sees it, is then 0
+            assert 0 <= s[cls]["tpot_s"]["p50"] <= s[cls]["tpot_s"]["p99"]
         assert s["all"]["num_completed"] == 11
         assert s["engine"]["num_steps"] == sum(1 for t in made[policy].trace if t.scheduled)
         assert s["engine"]["scheduling_policy"] == policy
