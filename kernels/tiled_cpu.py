@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,14 +96,12 @@ def outruns_mkl() -> bool:
     the Zen 4 and on a Zen 5 alike (2 vCPUs, two threads), but a Zen 5 has full-width 512-bit FMA units
     where a Zen 4 splits each FMA in two: there the tiled kernel measured 360-440 GFLOP/s at every row
     count from 32 to 2,048 on every layer of the default model (1.8-2.6x MKL), on the Zen 4 0.93x MKL at
-    256 rows of MLP down. Vendor and family name neither, so the two are timed on one product."""
+    256 rows of MLP down. The vendor does not tell the two apart, so the kernels are timed on one product."""
     setting = os.environ.get("MINILLM_TILED", "").lower()
     if setting == "all":
         return True
     if setting in ("full", "mkl") or not available():
         return False
-    import time
-
     rows, k, n = CHECK_SHAPE
     g = torch.Generator().manual_seed(0)
     x, weights = torch.randn(rows, k, generator=g), [torch.randn(n, k, generator=g) for _ in range(3)]

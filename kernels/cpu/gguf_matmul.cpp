@@ -503,6 +503,10 @@ template <int R>
 void dot_q4k_x8(const uint8_t* w, const Act* a, int64_t k, float* out) {
   const int64_t nb = k / 256;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  const __m512i low4w = _mm512_set1_epi8(0x0F);
+  const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);  // two steps' x bytes
+#endif
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += 1184) {
@@ -517,8 +521,6 @@ void dot_q4k_x8(const uint8_t* w, const Act* a, int64_t k, float* out) {
       // dpbusd does two steps' work; the halves are added at the end. The sums are integers, so the
       // result is the 256-bit loop's exactly.
       {
-        const __m512i low4w = _mm512_set1_epi8(0x0F);
-        const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         __m512i lo_w[R], hi_w[R];
         for (int r = 0; r < R; ++r) lo_w[r] = hi_w[r] = _mm512_setzero_si512();
         for (int t = 0; t < 8; t += 2) {
