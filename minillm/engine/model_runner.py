@@ -17,9 +17,12 @@ from minillm.attention.registry import make_attention_backend
 from minillm.engine.batch import StepBatch
 from minillm.engine.compile import frozen_compile, mark_pool_static
 from minillm.engine.config import EngineConfig
+from minillm.engine.cpu_memory import keep_freed_memory
 from minillm.engine.cuda_graphs import DecodeGraphs
 from minillm.engine.executor import Executor
 from minillm.engine.kv_cache import KVCachePlan, KVCachePool, plan_kv_cache
+from minillm.kernels import prefill_attention_cpu as cpu_prefill
+from minillm.models import fused
 from minillm.models.llama import LlamaForCausalLM
 from minillm.models.moe import RoutedTokens, moe_blocks, reset_routed_tokens, take_routed_tokens
 from minillm.models.skinny_linear import use_skinny_linears
@@ -75,6 +78,10 @@ class ModelRunner(Executor):
         self.model = model
         self.device = model.embed_tokens.weight.device
         self.plan = plan or plan_kv_cache(model, config, self.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # a step's large activations reuse freed pages (engine/cpu_memory.py)
+            fused.build_cpu_kernels()  # residual add + RMSNorm and RoPE in one pass each (models/fused.py)
+            cpu_prefill.available()  # causal prefill attention in C++ (kernels/prefill_attention_cpu.py)
         if self.device.type == "cpu" and model.embed_tokens.weight.dtype == torch.float32:
             # few-row products through the few-row kernel (models/skinny_linear.py): faster decode, and
             # verify steps and small batches stop costing a decode step per row. A compiled decode step

@@ -37,6 +37,8 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if not self.unit_offset and fused.use_fused(x):  # CUDA: the Triton kernel (models/fused.py)
             return fused.rms_norm(x, self.weight, self.eps, residual)
+        if not self.unit_offset and fused.use_fused_cpu(x):  # float32 CPU: one C++ pass (kernels/fused_cpu.py)
+            return fused.rms_norm_cpu(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         residual = residual + x  # residual first: the sum takes its row-major layout when x is a
@@ -105,6 +107,8 @@ class RotaryEmbedding(nn.Module):
         """x: [tokens, heads, head_dim]; rotates each (x1, x2) half-pair by the token's angle."""
         if fused.use_fused(x):  # CUDA: the Triton kernel, fp32 math and one rounding (models/fused.py)
             return fused.rope(x, cos, sin)
+        if fused.use_fused_cpu(x):  # float32 CPU: one C++ pass
+            return fused.rope_cpu(x, cos, sin)
         # in x's dtype, as transformers does (for bf16: the same roundings, half the bytes of an fp32 detour)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
@@ -125,13 +129,17 @@ class SwiGLU(nn.Module):
         # their readers are elementwise (the activation, the residual add): a SkinnyLinear may return
         # a column-major view rather than copy (models/skinny_linear.py); other classes ignore this
         self.gate_up_proj.column_major_out = self.down_proj.column_major_out = True
+        self.down_proj.read_by_residual_add = True
 
     @staticmethod
     def act(gate: torch.Tensor) -> torch.Tensor:
         return F.silu(gate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if type(self).act is SwiGLU.act and gate_up.dim() == 2 and fused.use_fused_cpu(gate_up):
+            return self.down_proj(fused.silu_mul_cpu(gate_up))  # float32 CPU: one C++ pass
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
 

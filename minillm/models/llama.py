@@ -35,6 +35,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.o_proj.column_major_out = True  # read only by the residual add (models/skinny_linear.py)
+        self.o_proj.read_by_residual_add = True
         unit = cfg.is_gemma3
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, unit) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, unit) if cfg.qk_norm else None

@@ -119,6 +119,7 @@ def machine_info(device: str | torch.device = "cpu") -> MachineInfo:
 
 def cpu_kernels() -> dict[str, str | None]:
     """The CPU code paths this process uses, as detected at start-up."""
+    from minillm.engine.cpu_memory import malloc_state
     from minillm.engine.model_runner import compiled_body_layout
     from minillm.kernels import gguf_cpu, tiled_cpu
     from minillm.quant.cpu_route import cpu_features
@@ -131,4 +132,5 @@ def cpu_kernels() -> dict[str, str | None]:
             "float32_batched_linear": tiled_cpu.loaded_isa(),  # None: MKL (not built yet, or MINILLM_TILED=mkl)
             "cpu_vendor": tiled_cpu.cpu_vendor(),
             "float32_batched_linear_rows": tiled_cpu.row_limits().why,  # where the tiled kernel beats MKL here
-            "compiled_float32_body": compiled_body_layout()}
+            "compiled_float32_body": compiled_body_layout(),
+            "malloc": malloc_state()}  # glibc's thresholds as an engine set them (engine/cpu_memory.py); None: untouched
