@@ -104,8 +104,9 @@ def build_extension(source: Path, prefix: str, label: str, flags: tuple[str, ...
     """Compile one C++ source that registers torch ops (once per source, flags, CPU and torch; cached on disk).
 
     Shared by the GGUF kernels and the CPU paged attention (kernels/paged_attention_cpu.py)."""
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what the sources may include
     key = hashlib.sha256(
-        source.read_bytes() + " ".join(flags).encode() + _cpu_flags().encode() + torch.__version__.encode()
+        source.read_bytes() + headers + " ".join(flags).encode() + _cpu_flags().encode() + torch.__version__.encode()
     ).hexdigest()[:12]
     name = f"{prefix}_{label}_{key}"
     build_dir = _cache_root() / "kernels" / name

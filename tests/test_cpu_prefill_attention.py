@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from minillm.attention import torch_backend
 from minillm.kernels import prefill_attention_cpu as cpu_prefill
-from tests.helpers.engine_utils import greedy, make_engine, run_to_completion, tiny_model
+from tests.helpers.engine_utils import serve_growing_prompts, tiny_model
 
 if not cpu_prefill.available():
     pytest.skip("the C++ prefill attention could not be built here", allow_module_level=True)
@@ -102,15 +102,9 @@ def test_the_engine_gives_the_same_tokens_with_the_kernel_off(monkeypatch):
     kernel = cpu_prefill.causal
     monkeypatch.setattr(cpu_prefill, "causal", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
 
-    def run() -> dict:
-        engine = make_engine(model, num_blocks=60, block_size=4, max_num_seqs=5, max_num_batched_tokens=32)
-        for i in range(7):
-            engine.add_request(str(i), [5 + i + j % 7 for j in range(3 + 5 * i)], greedy(8))
-        return run_to_completion(engine)
-
-    with_kernel = run()
+    with_kernel = serve_growing_prompts(model)
     assert calls and max(calls) > 1
     monkeypatch.setattr(cpu_prefill, "_ready", False)
     calls.clear()
-    assert run() == with_kernel
+    assert serve_growing_prompts(model) == with_kernel
     assert not calls

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from minillm.kernels import fused_cpu
 from minillm.models import fused
 from minillm.models.layers import RMSNorm, RotaryEmbedding, SwiGLU
-from tests.helpers.engine_utils import greedy, make_engine, run_to_completion, tiny_model
+from tests.helpers.engine_utils import serve_growing_prompts, tiny_model
 
 if not fused.build_cpu_kernels():
     pytest.skip("the fused CPU kernels could not be built here", allow_module_level=True)
@@ -105,13 +105,6 @@ def test_the_layers_route_float32_cpu_inference_through_the_kernels(monkeypatch)
 
 def test_the_engine_gives_the_same_tokens_with_the_kernels_off(monkeypatch):
     model = tiny_model(heads=6, kv_heads=2, head_dim=16)
-
-    def run() -> dict:
-        engine = make_engine(model, num_blocks=60, block_size=4, max_num_seqs=5, max_num_batched_tokens=32)
-        for i in range(7):
-            engine.add_request(str(i), [5 + i + j % 7 for j in range(3 + 5 * i)], greedy(8))
-        return run_to_completion(engine)
-
-    with_kernels = run()
+    with_kernels = serve_growing_prompts(model)
     monkeypatch.setattr(fused, "ENABLED", False)
-    assert run() == with_kernels
+    assert serve_growing_prompts(model) == with_kernels

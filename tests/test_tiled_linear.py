@@ -166,13 +166,20 @@ def test_tiled_kernel_is_built_for_avx2_and_portable_too(tmp_path):
         assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (capability, done.stderr[-2000:])
 
 
+@pytest.mark.parametrize("fused_kernels", [False, True])
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("route", ["bf16", "blocks"])
-def test_a_quantized_down_projection_reads_the_column_major_activation(bits, route):
-    """SwiGLU's gate/up may hand on a column-major view (column_major_out); a quantized down projection
-    behind it (a GGUF file's int4 layer, torch's int4/int8 CPU kernels) must take it as it is."""
+def test_a_quantized_down_projection_reads_the_column_major_activation(bits, route, fused_kernels, monkeypatch):
+    """SwiGLU's gate/up may hand on a column-major view (column_major_out), and so may its activation (the
+    fused C++ silu_mul keeps the layout); a quantized down projection behind it (a GGUF file's int4 layer,
+    torch's int4/int8 CPU kernels) must take it as it is."""
+    from minillm.models import fused
     from minillm.models.layers import SwiGLU
     from minillm.quant.linear import QuantLinear
+
+    if fused_kernels and not fused.build_cpu_kernels():
+        pytest.skip("the fused CPU kernels could not be built here")
+    monkeypatch.setattr(fused, "ENABLED", fused_kernels)
 
     torch.manual_seed(bits)
     mlp = SwiGLU(64, 192)
@@ -184,8 +191,12 @@ def test_a_quantized_down_projection_reads_the_column_major_activation(bits, rou
     x = torch.randn(256, 64)  # prefill's rows: the tiled kernel's wide-layer case where it is built
     with torch.no_grad():
         hidden = mlp.gate_up_proj(x)
-        gate, up = hidden.chunk(2, dim=-1)
-        act = mlp.act(gate) * up
+        if fused.use_fused_cpu(hidden):
+            act = fused.silu_mul_cpu(hidden)
+        else:
+            gate, up = hidden.chunk(2, dim=-1)
+            act = mlp.act(gate) * up
+        assert fused.use_fused_cpu(hidden) == fused_kernels
         got = mlp(x)
         want = down(act.contiguous())
     torch.testing.assert_close(got, want, rtol=0, atol=0)

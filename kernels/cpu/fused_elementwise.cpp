@@ -15,8 +15,8 @@
 //   rms_norm(x, w, eps)               -> x / sqrt(mean(x^2) + eps) * w
 //   rope(x [T, heads, D], cos [T, D/2], sin [T, D/2]) -> [T, heads, D] contiguous:
 //        out[:D/2] = x1 cos - x2 sin, out[D/2:] = x2 cos + x1 sin   (x1, x2 the halves of each head)
-//   silu_mul(gate_up [T, 2I]) -> silu(gate) * up [T, I]   (SwiGLU's activation; 16 at a time with
-//        AVX-512, its exponential a polynomial as in the paged decode; elsewhere std::exp per element)
+//   silu_mul(gate_up [T, 2I]) -> silu(gate) * up [T, I]   (SwiGLU's activation; 16 or 8 at a time with
+//        AVX-512 or AVX2, e^x from kernels/cpu/vec_exp.h; elsewhere std::exp per element)
 //
 // Rows are split across threads once there are enough of them to pay for it (GRAIN_ROWS).
 // Registered as torch.ops.minillm_fused; kernels/fused_cpu.py builds it for this CPU.
@@ -28,8 +28,10 @@
 #include <cmath>
 #include <cstdint>
 #include <tuple>
-#if defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+
+#include "vec_exp.h"  // SiLU's e^x
 #endif
 
 namespace {
@@ -123,27 +125,23 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos_in, const at::Tensor&
 }
 
 #if defined(__AVX512F__)
-// silu(g) u for 16 floats: g / (1 + e^-g) u, e^t by Cephes' polynomial (t = n ln2 + r, 2^n in the exponent)
-inline __m512 silu_mul16(__m512 g, __m512 u) {
-  const __m512 t = _mm512_min_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), _mm512_set1_ps(-87.3f)),
-                                 _mm512_set1_ps(88.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), t);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  const __m512 e = _mm512_scalef_ps(y, n);  // y 2^n
+inline __m512 silu_mul_vec(__m512 g, __m512 u) {  // g / (1 + e^-g) u
+  const __m512 e = minillm_vec::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
   return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), u);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline __m256 silu_mul_vec(__m256 g, __m256 u) {
+  const __m256 e = minillm_vec::exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)), u);
 }
 #endif
 
 inline void silu_mul_run(const float* g, const float* u, float* y, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, silu_mul16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, silu_mul_vec(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, silu_mul_vec(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
 #endif
   for (; i < n; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }

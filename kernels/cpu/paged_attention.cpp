@@ -37,6 +37,8 @@
 #include <ATen/Parallel.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+
+#include "vec_exp.h"  // the softmax's e^x, 8 at a time
 #endif
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
@@ -72,27 +74,6 @@ inline void axpy(float* __restrict acc, float w, const T* __restrict v, int64_t 
   for (int64_t i = 0; i < d; ++i) acc[i] += w * to_float(v[i]);
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-// e^x for 8 floats (x <= 0 here: scores minus their max), the Cephes polynomial: x = n ln2 + r,
-// e^r by a degree-5 polynomial, 2^n put in the exponent bits. Relative error ~2e-7, as std::exp's
-// float result; the scalar libm call it replaces was a third of a decode step's attention time.
-inline __m256 exp_ps(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));  // below this e^x is a denormal: flush towards 0
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln2 split in two: r exact
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-#endif
 
 // s[i] = e^(s[i] - m) for i < n; returns their sum
 inline float exp_shifted_sum(float* s, int64_t n, float m) {
@@ -102,7 +83,7 @@ inline float exp_shifted_sum(float* s, int64_t n, float m) {
   __m256 acc = _mm256_setzero_ps();
   const __m256 mv = _mm256_set1_ps(m);
   for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+    const __m256 e = minillm_vec::exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
     _mm256_storeu_ps(s + i, e);
     acc = _mm256_add_ps(acc, e);
   }

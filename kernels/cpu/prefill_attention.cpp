@@ -17,8 +17,8 @@
 //   out = O / l
 //
 // Tasks are handed out from both ends of the causal triangle (cheap, dear, cheap, ...) so the two
-// halves a static split gives each thread cost about the same. The exponentials are a degree-5
-// polynomial on the reduced argument (Cephes' expf, relative error ~2e-7, as the paged decode uses).
+// halves a static split gives each thread cost about the same. The exponentials are
+// kernels/cpu/vec_exp.h's (Cephes' expf, relative error ~2e-7, as the paged decode uses).
 // Registered as torch.ops.minillm_prefill; kernels/prefill_attention_cpu.py builds it for this CPU
 // (AVX-512 or AVX2 + FMA; elsewhere torch's kernel runs).
 #include <ATen/ATen.h>
@@ -34,6 +34,8 @@
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+
+#include "vec_exp.h"
 #define MINILLM_PREFILL_SIMD 1
 #endif
 
@@ -47,15 +49,9 @@ inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
 inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline vec vset1(float s) { return _mm512_set1_ps(s); }
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
-inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 inline float hmax(vec v) { return _mm512_reduce_max_ps(v); }
 inline float hsum(vec v) { return _mm512_reduce_add_ps(v); }
-inline vec vround(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-inline vec vpow2n(vec n) {  // 2^n for integral n in float
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
-}
 #elif defined(MINILLM_PREFILL_SIMD)
 constexpr int VW = 8;
 using vec = __m256;
@@ -64,9 +60,7 @@ inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 inline vec vset1(float s) { return _mm256_set1_ps(s); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
-inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
 inline float hmax(vec v) {
   alignas(32) float t[8];
   _mm256_store_ps(t, v);
@@ -77,29 +71,10 @@ inline float hsum(vec v) {
   const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
 }
-inline vec vround(vec x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-inline vec vpow2n(vec n) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-}
 #endif
 
 #if defined(MINILLM_PREFILL_SIMD)
-// e^x for x <= 0 (scores minus their running max): x = n ln2 + r, e^r by Cephes' polynomial, 2^n in the exponent
-inline vec vexp(vec x) {
-  x = vmax(x, vset1(-87.3f));  // below this e^x is a denormal: flush towards 0
-  const vec n = vround(vmul(x, vset1(1.44269504088896341f)));
-  vec r = vfma(n, vset1(-0.693359375f), x);  // ln2 in two parts, so r is exact
-  r = vfma(n, vset1(2.12194440e-4f), r);
-  vec y = vset1(1.9875691500e-4f);
-  y = vfma(y, r, vset1(1.3981999507e-3f));
-  y = vfma(y, r, vset1(8.3334519073e-3f));
-  y = vfma(y, r, vset1(4.1665795894e-2f));
-  y = vfma(y, r, vset1(1.6666665459e-1f));
-  y = vfma(y, r, vset1(5.0000001201e-1f));
-  y = vfma(y, vmul(r, r), r);
-  y = vfma(vset1(1.f), vset1(1.f), y);  // + 1
-  return vmul(y, vpow2n(n));
-}
+inline vec vexp(vec x) { return minillm_vec::exp_ps(x); }  // kernels/cpu/vec_exp.h
 
 constexpr int QB = 16;        // query positions per task
 constexpr int KB = 2 * VW;    // keys per block: two vectors of scores per query row

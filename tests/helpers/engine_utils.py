@@ -66,3 +66,14 @@ def dense_greedy(model: LlamaForCausalLM, prompt: list[int], n: int) -> list[int
         out.append(t)
         ids.append(t)
     return out
+
+
+def serve_growing_prompts(model: LlamaForCausalLM, num: int = 7) -> dict[str, list[int]]:
+    """Greedy tokens of `num` prompts of 3, 8, 13, ... tokens through a small engine whose 32-token budget
+    splits the longer ones into chunks (whole prompts, chunked prefills and decode batches in one run):
+    the run the CPU kernels' on/off tests compare."""
+    engine = make_engine(model, num_blocks=60, block_size=4, max_num_seqs=5, max_num_batched_tokens=32)
+    for i in range(num):
+        engine.add_request(str(i), [5 + i + j % 7 for j in range(3 + 5 * i)], greedy(8))
+    return run_to_completion(engine)
+
