@@ -107,7 +107,7 @@ class RotaryEmbedding(nn.Module):
         """x: [tokens, heads, head_dim]; rotates each (x1, x2) half-pair by the token's angle."""
         if fused.use_fused(x):  # CUDA: the Triton kernel, fp32 math and one rounding (models/fused.py)
             return fused.rope(x, cos, sin)
-        if fused.use_fused_cpu(x):  # float32 CPU: one C++ pass
+        if x.dim() == 3 and fused.use_fused_cpu(x):  # float32 CPU [tokens, heads, D]: one C++ pass
             return fused.rope_cpu(x, cos, sin)
         # in x's dtype, as transformers does (for bf16: the same roundings, half the bytes of an fp32 detour)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
