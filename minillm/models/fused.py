@@ -14,6 +14,8 @@ import os
 
 import torch
 
+from minillm.kernels import fused_cpu
+
 ENABLED = os.environ.get("MINILLM_FUSED_KERNELS", "1") != "0"
 
 
@@ -26,7 +28,6 @@ def use_fused_cpu(x: torch.Tensor) -> bool:
     leaves the fusing to inductor, and a forward that records a graph keeps the differentiable layers."""
     if not (ENABLED and x.device.type == "cpu" and x.dtype == torch.float32) or torch.is_grad_enabled():
         return False
-    from minillm.kernels import fused_cpu
 
     return fused_cpu.ready() and not torch.compiler.is_compiling()
 
@@ -35,19 +36,16 @@ def build_cpu_kernels() -> bool:
     """Build/load the C++ kernels now (once per machine; cached), so no forward waits for them."""
     if not ENABLED:
         return False
-    from minillm.kernels import fused_cpu
 
     return fused_cpu.available()
 
 
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None):
-    from minillm.kernels import fused_cpu
 
     return fused_cpu.rms_norm(x, weight, eps, residual)
 
 
 def rope_cpu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    from minillm.kernels import fused_cpu
 
     return fused_cpu.rope(x, cos, sin)
 
@@ -67,6 +65,5 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:
-    from minillm.kernels import fused_cpu
 
     return fused_cpu.silu_mul(gate_up)
