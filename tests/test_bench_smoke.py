@@ -86,15 +86,21 @@ def test_latency_report_shape(tiny_pair, roofs):
     assert report["ratios"]["transformers"]["decode_tok_s_paired"] > 0
     assert len(report["figures"]["minillm"]["stall_ratio_before_repeat"]["decode"]) == 2
     assert report["machine_state"]["before"]["stall_ratio"] > 0
+    # the roof probed again before each decode repeat and after the last, and quoted beside the cached one
+    assert len(report["same_run_roof"]["values"]) == 3 and report["same_run_roof"]["best"] > 0
+    _positive_figure(report["figures"]["minillm"]["decode_same_run_roof_fraction"])
     names = {t["name"]: t for t in report["targets"]}
     assert set(names) == {"decode_vs_transformers", "decode_bandwidth_fraction", "prefill_1k_vs_transformers"}
     assert all(isinstance(t["passed"], bool) for t in names.values())
 
 
-def test_throughput_report_shape(tiny_pair):
+def test_throughput_report_shape(tiny_pair, roofs):
     _, mini, hf = tiny_pair
-    report, _ = throughput_report([mini, hf], mini.config, torch.float32, TINY_THROUGHPUT, None, {}, repeats=1)
+    report, _ = throughput_report([mini, hf], mini.config, torch.float32, TINY_THROUGHPUT, roofs, {}, repeats=1)
     report = json.loads(json.dumps(report))
+    # the cached roof's best GEMM shape probed again before the repeat and after it
+    assert len(report["same_run_roof"]["values"]) == 2 and report["same_run_roof"]["probe"].startswith("gemm 64x64x64")
+    assert report["figures"]["minillm"]["same_run_compute_roof_fraction"] > 0
     prompts, outs = TINY_THROUGHPUT.requests(mini.config.vocab_size)
     for name in ("minillm", "transformers"):
         f = report["figures"][name]

@@ -63,10 +63,18 @@ def format_latency(summary: dict[str, Any]) -> str:
     bpt = summary["bytes_per_decode_token"]["value"]
     lines.append(f"  bytes per decode token: {bpt / 1e6:.1f} MB; bandwidth ceiling "
                  f"{_fmt(summary['ceiling_decode_tok_s'], '.1f')} tok/s")
+    same_run = summary.get("same_run_roof")
+    if same_run is not None and same_run.best:
+        lines.append(f"  same-run roof: {same_run.best / 1e9:.1f} GB/s, best of {len(same_run.values)} probes between "
+                     f"the repeats ({', '.join(f'{v / 1e9:.1f}' for v in same_run.values)}); ceiling "
+                     f"{_fmt(summary.get('same_run_ceiling_decode_tok_s'), '.1f')} tok/s")
     for name, f in summary["figures"].items():
         frac = _med(f.get("decode_bandwidth_fraction"))
+        same = _med(f.get("decode_same_run_roof_fraction"))
+        of_same = f", {_fmt(same * 100, '.0f')}% of the same-run roof" if same is not None else ""
         lines.append(
-            f"  {name:13s} decode {_med(f['decode_tok_s']):7.2f} tok/s ({_fmt(frac and frac * 100, '.0f')}% of roof)"
+            f"  {name:13s} decode {_med(f['decode_tok_s']):7.2f} tok/s ({_fmt(frac and frac * 100, '.0f')}% of the "
+            f"cached roof{of_same})"
             f" | prefill {f['prefill_s'].params.get('prompt_len')} tok {_med(f['prefill_s']) * 1e3:8.1f} ms"
             f" ({_med(f['prefill_tok_s']):7.0f} tok/s)"
         )
@@ -78,6 +86,11 @@ def format_latency(summary: dict[str, Any]) -> str:
 
 def format_throughput(summary: dict[str, Any]) -> str:
     lines = ["throughput (medians; latency percentiles over all requests)"]
+    same_run = summary.get("same_run_roof")
+    if same_run is not None and same_run.best:
+        lines.append(f"  same-run roof: {same_run.best / 1e9:.0f} GFLOP/s ({same_run.probe}), best of "
+                     f"{len(same_run.values)} probes between the repeats "
+                     f"({', '.join(f'{v / 1e9:.0f}' for v in same_run.values)})")
     for name, f in summary["figures"].items():
         lines.append(
             f"  {name:13s} output {_med(f['output_tok_s']):8.1f} tok/s, total {_med(f['total_tok_s']):8.1f} tok/s,"
@@ -85,8 +98,10 @@ def format_throughput(summary: dict[str, Any]) -> str:
         )
         if f.get("achieved_flops_per_s") is not None:
             frac = f.get("compute_roof_fraction")
+            same = f.get("same_run_compute_roof_fraction")
             lines.append(f"  {'':13s} {_med(f['achieved_flops_per_s']) / 1e9:.1f} GFLOP/s counted"
-                         + (f" = {frac:.0%} of the dtype's matmul roof" if frac is not None else ""))
+                         + (f" = {frac:.0%} of the dtype's cached matmul roof" if frac is not None else "")
+                         + (f", {same:.0%} of the same-run roof" if same is not None else ""))
         ttft, tpot = f["ttft_s"], f["tpot_s"]
         lines.append(
             f"  {'':13s} TTFT p50/p90/p99 {_fmt(ttft['p50'])}/{_fmt(ttft['p90'])}/{_fmt(ttft['p99'])} s,"
@@ -116,8 +131,8 @@ def format_roofs(roofs: Any) -> str:
         lines.append(f"  matmul {name:9s} {m.best / 1e9:.0f} GFLOP/s (best of {len(m.params.get('shapes', {1: 0}))} "
                      f"GEMM shapes: {shape}; median {m.median / 1e9:.0f})")
     if age_s is not None and age_s > STALE_ROOFS_S:  # a vCPU's clock and its share of memory move from day to day
-        lines.append(f"  note: these roofs are {age_s / 3600:.1f} h old; a fraction of a roof holds only against one "
-                     f"measured in the same run (--remeasure-roofs)")
+        lines.append(f"  note: these roofs are {age_s / 3600:.1f} h old; latency and throughput probe the roof again "
+                     f"between their repeats and judge their targets against that same-run roof")
     return "\n".join(lines)
 
 

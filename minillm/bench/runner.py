@@ -17,12 +17,14 @@ from minillm.bench.workload import LatencyWorkload, ThroughputWorkload
 from minillm.config import ModelConfig
 from minillm.roofline.machine import machine_info
 from minillm.roofline.roofs import Roofs
+from minillm.roofline.same_run import SameRunRoof, bandwidth_probe, matmul_probe
 
 Log = Callable[[str], None]
 
 
-def _context(roofs: Roofs | None, device: str) -> dict[str, Any]:
-    return {"machine": machine_info(device).to_dict(), "roofs": roofs.to_dict() if roofs else None}
+def _context(roofs: Roofs | None, device: str, same_run: SameRunRoof | None = None) -> dict[str, Any]:
+    return {"machine": machine_info(device).to_dict(), "roofs": roofs.to_dict() if roofs else None,
+            "same_run_roof": same_run.to_dict() if same_run else None}
 
 
 def latency_report(
@@ -32,19 +34,23 @@ def latency_report(
     settle: Callable[[], MachineState] = settle,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(JSON report, summary with live objects for printing)."""
+    same_run = bandwidth_probe(roofs, device) if roofs else None  # the roof again, between the repeats
     before = probe_machine_state()
-    runs = measure_latency(subjects, workload, cfg.vocab_size, repeats, prefill_repeats, warmup, log, settle)
+    runs = measure_latency(subjects, workload, cfg.vocab_size, repeats, prefill_repeats, warmup, log, settle,
+                           between_repeats=same_run.measure if same_run else None)
     after = probe_machine_state()
     summary = summarize_latency(runs, workload, cfg, dtype, roofs.bandwidth_bytes_per_s if roofs else None,
                                 quantized=settings.get("quantization") is not None,
-                                compiled=bool(settings.get("compile")))
+                                compiled=bool(settings.get("compile")),
+                                same_run_roofs=same_run.around_repeats(repeats) if same_run else None)
     report = build_report(
-        "latency", **_context(roofs, device),
+        "latency", **_context(roofs, device, same_run),
         machine_state={"before": before.to_dict(), "after": after.to_dict()},
         settings={**settings, "dtype": str(dtype).removeprefix("torch."), "repeats": repeats,
                   "prefill_repeats": prefill_repeats, "subjects": [s.name for s in subjects]},
         workload=workload.to_dict(), **summary,
     )
+    summary["same_run_roof"] = same_run  # for printing (the report holds its dict)
     return report, summary
 
 
@@ -53,16 +59,20 @@ def throughput_report(
     roofs: Roofs | None, settings: dict[str, Any], repeats: int = 1, warmup: bool = True,
     device: str = "cpu", log: Log = lambda s: None, settle: Callable[[], MachineState] = settle,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    before = probe_machine_state()
-    runs = measure_throughput(subjects, workload, cfg.vocab_size, repeats, warmup, log, settle)
-    after = probe_machine_state()
     name = str(dtype).removeprefix("torch.")
-    summary = summarize_throughput(runs, compute_roof=roofs.flops_per_s(name) if roofs and name in roofs.matmul else None)
+    same_run = matmul_probe(roofs, name, device) if roofs else None  # the roof again, between the repeats
+    before = probe_machine_state()
+    runs = measure_throughput(subjects, workload, cfg.vocab_size, repeats, warmup, log, settle,
+                              between_repeats=same_run.measure if same_run else None)
+    after = probe_machine_state()
+    summary = summarize_throughput(runs, compute_roof=roofs.flops_per_s(name) if roofs and name in roofs.matmul else None,
+                                   same_run_roofs=same_run.around_repeats(repeats) if same_run else None)
     report = build_report(
-        "throughput", **_context(roofs, device),
+        "throughput", **_context(roofs, device, same_run),
         machine_state={"before": before.to_dict(), "after": after.to_dict()},
         settings={**settings, "dtype": str(dtype).removeprefix("torch."), "repeats": repeats,
                   "subjects": [s.name for s in subjects]},
         workload=workload.to_dict(), **summary,
     )
+    summary["same_run_roof"] = same_run  # for printing (the report holds its dict)
     return report, summary

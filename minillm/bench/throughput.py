@@ -7,6 +7,7 @@ TTFT and TPOT percentiles pool every request of every repeat.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -51,8 +52,9 @@ class SubjectThroughput:
 def measure_throughput(
     subjects: Sequence[Subject], workload: ThroughputWorkload, vocab_size: int,
     repeats: int = 1, warmup: bool = True, log: Log = lambda s: None,
-    settle: Callable[[], MachineState] = settle,
+    settle: Callable[[], MachineState] = settle, between_repeats: Callable[[], object] | None = None,
 ) -> dict[str, SubjectThroughput]:
+    """between_repeats (a same-run roof probe) runs before each repeat and after the last."""
     prompts, outs = workload.requests(vocab_size)
     runs = {s.name: SubjectThroughput() for s in subjects}
     if warmup:
@@ -60,6 +62,8 @@ def measure_throughput(
             log(f"warm-up {s.name}")
             s.serve(prompts[:4], [min(8, n) for n in outs[:4]])
     for r in range(repeats):
+        if between_repeats is not None:
+            between_repeats()
         for s in subjects if r % 2 == 0 else list(reversed(subjects)):
             stall = settle().stall_ratio
             run = s.serve(prompts, outs)
@@ -67,19 +71,28 @@ def measure_throughput(
             runs[s.name].stall.append(stall)
             log(f"serve   {s.name:12s} repeat {r}: {run.output_tokens / run.wall_s:8.1f} output tok/s, "
                 f"{run.wall_s:6.1f} s  (stall {stall:.3g})")
+    if between_repeats is not None and repeats:
+        between_repeats()
     return runs
 
 
 def summarize_throughput(runs: dict[str, SubjectThroughput], baseline: str = "minillm",
-                         compute_roof: float | None = None) -> dict[str, Any]:
-    """Figures, ratios over each peer, and the targets; compute_roof (FLOP/s of the dtype used) turns the
-    baseline's counted FLOP/s into a fraction of the machine's measured matmul roof."""
+                         compute_roof: float | None = None,
+                         same_run_roofs: Sequence[float] | None = None) -> dict[str, Any]:
+    """Figures, ratios over each peer, and the targets; compute_roof (FLOP/s of the dtype used, cached)
+    turns the baseline's counted FLOP/s into a fraction of the machine's measured matmul roof, and
+    same_run_roofs (the GEMM probed around each repeat of this run, SameRunRoof.around_repeats) into
+    the fraction the target uses when given: the median over repeats of each against its own roof."""
     figures = {name: sub.figures() for name, sub in runs.items()}
     base = figures.get(baseline)
     achieved = base.get("achieved_flops_per_s") if base else None
     roof_fraction = achieved.median / compute_roof if achieved is not None and compute_roof else None
+    same_run = None
+    if achieved is not None and same_run_roofs and len(same_run_roofs) == len(achieved.values):
+        same_run = statistics.median(a / roof for a, roof in zip(achieved.values, same_run_roofs))
     if base is not None:
         base["compute_roof_fraction"] = roof_fraction
+        base["same_run_compute_roof_fraction"] = same_run
     ratios = {
         name: {"output_tok_s": ratio(base["output_tok_s"].median, f["output_tok_s"].median),
                "total_tok_s": ratio(base["total_tok_s"].median, f["total_tok_s"].median),
@@ -92,5 +105,5 @@ def summarize_throughput(runs: dict[str, SubjectThroughput], baseline: str = "mi
     vs_hf = [r["output_tok_s"] for name, r in ratios.items() if name.startswith("transformers") and r["output_tok_s"]]
     targets: list[Target] = [target(THROUGHPUT_VS_TRANSFORMERS, min(vs_hf) if vs_hf else None),
                              target(THROUGHPUT_VS_LLAMA_CPP, min(vs_llama) if vs_llama else None),
-                             target(THROUGHPUT_COMPUTE_ROOF, roof_fraction)]
+                             target(THROUGHPUT_COMPUTE_ROOF, same_run if same_run is not None else roof_fraction)]
     return {"figures": figures, "ratios": ratios, "targets": targets}
