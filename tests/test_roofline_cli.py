@@ -194,4 +194,4 @@ def test_the_printed_roofs_say_how_old_they_are():
 
     fresh, old = format_roofs(roofs(60)), format_roofs(roofs(STALE_ROOFS_S + 7200))
     assert "measured 1 min ago" in fresh and "--remeasure-roofs" not in fresh
-    assert "3.0 h old" in old and "--remeasure-roofs" in old
+    assert "3.0 h old" in old and "same-run roof" in old

@@ -35,7 +35,7 @@ def test_other_dtypes_and_layouts_use_the_plain_path():
 
 
 @pytest.mark.parametrize("rows", [*range(1, 9), 12, 16, 21, 32])  # beyond 8: groups of 8 over each weight tile
-@pytest.mark.parametrize("in_out", [(576, 960), (1536, 576), (40, 13)])  # 13 rows: a tile and a remainder
+@pytest.mark.parametrize("in_out", [(576, 960), (1536, 576), (40, 13), (72, 5)])  # 13 rows: a tile and a remainder; K 40 and 72: the one-row stream's 64-float steps and an 8-float tail
 def test_few_row_kernel_equals_float64_reference(rows, in_out):
     """The C++ kernel (kernels/cpu/skinny_f32.cpp), vector and portable paths, against float64."""
     from minillm.kernels import skinny_cpu
