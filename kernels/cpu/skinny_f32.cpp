@@ -8,7 +8,7 @@
 // once from memory and meets it with all M activation rows while it is in registers:
 //
 //   for a tile of NR weight rows:          (NR = 4 for M <= 4, else 2: NR x M accumulators fit the registers;
-//                                           one row of x reads row after row instead: row1_stream)
+//                                           up to 3 rows of x read row after row instead: rows_stream)
 //     for k in steps of 8:                 (one 8-float vector per weight row, one per activation row)
 //       acc[r][m] += W[n + r, k:k+8] * x[m, k:k+8]
 //     y[m, n + r] = sum of acc[r][m]'s 8 lanes (+ b[n + r])
@@ -109,58 +109,84 @@ void tile_rows(const float* w, const float* x, const float* b, float* y, int64_t
   }
 }
 
-// One row of x (batch-1 decode): each thread reads its weight rows as one sequential stream, row
-// after row, with four independent accumulators per row and the stream prefetched 8 KB ahead. The
-// 4-row tiles above read four rows side by side (four streams, 2.3 KB apart at K = 576), and for one
-// row of x that is slower: measured on a 2-vCPU Zen 5, two threads, the LM head [49152, 576] read at
-// 59-63 GB/s in tiles and 97-105 GB/s as one stream (a 512 MiB torch.sum read 75-80 GB/s in the
-// same runs), the body's 120 linears per step, 30 copies rotating beyond L3, 49 against 62-65 GB/s.
+// One to three rows of x (decode, short verify steps): each thread reads its weight rows as one
+// sequential stream, row after row, each row meeting the M rows of x (from L1) with U independent
+// accumulators per row of x, and the stream prefetched 8 KB ahead. The 4-row tiles below read 2 or 4
+// weight rows side by side (as many streams, 2.3 KB apart at K = 576), which is slower: measured on a
+// 2-vCPU Zen 5, two threads, the LM head [49152, 576] at one row read at 59-63 GB/s in tiles and
+// 97-105 GB/s as one stream (a 512 MiB torch.sum read 75-80 GB/s in the same runs); the body's 120
+// linears, 30 copies rotating beyond L3, 49 against 62-65 GB/s; at 2-4 rows, on a slower hour, the
+// head 32-38 against 40-49 GB/s and the body 29-32 against 35-38. From 4 rows on the tiles won
+// (ms, head / the 120 body linears, tiles -> stream, fast hour: 4 rows 1.38 -> 1.57 / 9.26 -> 9.90,
+// 8 rows 2.28 -> 1.92 / 10.9 -> 11.8; 2 rows 1.66 -> 1.21 / 9.14 -> 7.45; 1 row 1.63 -> 1.14 / 8.33 -> 6.53).
 constexpr int64_t STREAM_AHEAD = 2048;  // floats (8 KB): 0, 512 and 2,048 measured; 2,048 won on the head
 
 #if defined(__AVX512F__)
-void row1_stream(const float* w, const float* x, const float* b, float* y, int64_t k, int64_t lo, int64_t hi) {
+template <int M, int U>
+void rows_stream(const float* w, const float* x, const float* b, float* y, int64_t k, int64_t n, int64_t lo,
+                 int64_t hi) {
+  constexpr int64_t step = 16 * U;
   const __mmask16 tail = static_cast<__mmask16>((1u << (k % 16)) - 1);
   for (int64_t j = lo; j < hi; ++j) {
     const float* wr = w + j * k;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    __m512 acc[M][U];
+    for (int i = 0; i < M; ++i)
+      for (int u = 0; u < U; ++u) acc[i][u] = _mm512_setzero_ps();
     int64_t t = 0;
-    for (; t + 64 <= k; t += 64) {
-      for (int c = 0; c < 64; c += 16) _mm_prefetch(reinterpret_cast<const char*>(wr + t + STREAM_AHEAD + c), _MM_HINT_T0);
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(wr + t), _mm512_loadu_ps(x + t), a0);
-      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(wr + t + 16), _mm512_loadu_ps(x + t + 16), a1);
-      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(wr + t + 32), _mm512_loadu_ps(x + t + 32), a2);
-      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(wr + t + 48), _mm512_loadu_ps(x + t + 48), a3);
-    }
+    for (; t + step <= k; t += step)
+      for (int u = 0; u < U; ++u) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr + t + STREAM_AHEAD + 16 * u), _MM_HINT_T0);
+        const __m512 wv = _mm512_loadu_ps(wr + t + 16 * u);
+        for (int i = 0; i < M; ++i) acc[i][u] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i * k + t + 16 * u), acc[i][u]);
+      }
     for (; t + 16 <= k; t += 16) {
       _mm_prefetch(reinterpret_cast<const char*>(wr + t + STREAM_AHEAD), _MM_HINT_T0);
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(wr + t), _mm512_loadu_ps(x + t), a0);
+      const __m512 wv = _mm512_loadu_ps(wr + t);
+      for (int i = 0; i < M; ++i) acc[i][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i * k + t), acc[i][0]);
     }
-    if (t < k) a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, wr + t), _mm512_maskz_loadu_ps(tail, x + t), a1);
-    y[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) + (b ? b[j] : 0.f);
+    if (t < k) {
+      const __m512 wv = _mm512_maskz_loadu_ps(tail, wr + t);
+      for (int i = 0; i < M; ++i) acc[i][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(tail, x + i * k + t), acc[i][0]);
+    }
+    for (int i = 0; i < M; ++i) {
+      __m512 sum = acc[i][0];
+      for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[i][u]);
+      y[i * n + j] = _mm512_reduce_add_ps(sum) + (b ? b[j] : 0.f);
+    }
   }
 }
 #else
-void row1_stream(const float* w, const float* x, const float* b, float* y, int64_t k, int64_t lo, int64_t hi) {
-  for (int64_t j = lo; j < hi; ++j) {  // k % 8 == 0 (the caller's check)
+template <int M, int U>
+void rows_stream(const float* w, const float* x, const float* b, float* y, int64_t k, int64_t n, int64_t lo,
+                 int64_t hi) {
+  constexpr int64_t step = 8 * U;  // k % 8 == 0 (the caller's check)
+  for (int64_t j = lo; j < hi; ++j) {
     const float* wr = w + j * k;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    __m256 acc[M][U];
+    for (int i = 0; i < M; ++i)
+      for (int u = 0; u < U; ++u) acc[i][u] = _mm256_setzero_ps();
     int64_t t = 0;
-    for (; t + 32 <= k; t += 32) {
-      for (int c = 0; c < 32; c += 16) _mm_prefetch(reinterpret_cast<const char*>(wr + t + STREAM_AHEAD + c), _MM_HINT_T0);
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wr + t), _mm256_loadu_ps(x + t), a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(wr + t + 8), _mm256_loadu_ps(x + t + 8), a1);
-      a2 = _mm256_fmadd_ps(_mm256_loadu_ps(wr + t + 16), _mm256_loadu_ps(x + t + 16), a2);
-      a3 = _mm256_fmadd_ps(_mm256_loadu_ps(wr + t + 24), _mm256_loadu_ps(x + t + 24), a3);
+    for (; t + step <= k; t += step)
+      for (int u = 0; u < U; ++u) {
+        if (u % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(wr + t + STREAM_AHEAD + 8 * u), _MM_HINT_T0);
+        const __m256 wv = _mm256_loadu_ps(wr + t + 8 * u);
+        for (int i = 0; i < M; ++i) acc[i][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * k + t + 8 * u), acc[i][u]);
+      }
+    for (; t < k; t += 8) {
+      const __m256 wv = _mm256_loadu_ps(wr + t);
+      for (int i = 0; i < M; ++i) acc[i][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * k + t), acc[i][0]);
     }
-    for (; t < k; t += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wr + t), _mm256_loadu_ps(x + t), a0);
-    y[j] = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + (b ? b[j] : 0.f);
+    for (int i = 0; i < M; ++i) {
+      __m256 sum = acc[i][0];
+      for (int u = 1; u < U; ++u) sum = _mm256_add_ps(sum, acc[i][u]);
+      y[i * n + j] = hsum(sum) + (b ? b[j] : 0.f);
+    }
   }
 }
 #endif
 
 void rows_simd(const float* w, const float* x, const float* b, float* y, int64_t m, int64_t k, int64_t n,
                int64_t lo, int64_t hi) {
-  if (m == 1) return row1_stream(w, x, b, y, k, lo, hi);
   if (m > GROUP) {
     // more rows than registers: each tile of 2 weight rows (<= 12 KB at K = 1536) is read from memory
     // once and from L1 by every further group of 8 rows of x
@@ -171,10 +197,11 @@ void rows_simd(const float* w, const float* x, const float* b, float* y, int64_t
       for (int64_t g = 0; g < m; g += GROUP) tile_rows<1>(w, x + g * k, b, y + g * n, std::min(GROUP, m - g), k, n, j);
     return;
   }
-  switch (m) {
-    case 1: return rows_avx2<1>(w, x, b, y, k, n, lo, hi);
-    case 2: return rows_avx2<2>(w, x, b, y, k, n, lo, hi);
-    case 3: return rows_avx2<3>(w, x, b, y, k, n, lo, hi);
+  switch (m) {  // 1-3 rows: one stream (one row of x needs 4 accumulators to hide the FMA latency);
+                // 4-8: the tiles, which measured faster there (the stream's M x-row loads per weight vector)
+    case 1: return rows_stream<1, 4>(w, x, b, y, k, n, lo, hi);
+    case 2: return rows_stream<2, 2>(w, x, b, y, k, n, lo, hi);
+    case 3: return rows_stream<3, 2>(w, x, b, y, k, n, lo, hi);
     case 4: return rows_avx2<4>(w, x, b, y, k, n, lo, hi);
     case 5: return rows_avx2<5>(w, x, b, y, k, n, lo, hi);
     case 6: return rows_avx2<6>(w, x, b, y, k, n, lo, hi);
