@@ -14,7 +14,9 @@ machine's read roof; from 8 rows on the FMA units bound it: beyond 8 rows each w
 from memory once, meets the rows of x 8 at a time from L1).
 
 The kernel streams each weight row once and meets it with all M rows in registers (AVX2 + FMA,
-a portable C++ path beside it). Built like the GGUF kernels (same flags, same cache folder;
+a portable C++ path beside it). One to three rows read each thread's weight rows as one sequential
+prefetched stream (on a 2-vCPU Zen 5: one row, the head 1.63 -> 1.14 ms, the body 8.33 -> 6.53 ms
+against the 4-row tiles the table above measured); from 4 rows on, the tiles. Built like the GGUF kernels (same flags, same cache folder;
 ``ATEN_CPU_CAPABILITY=default`` builds the portable path). ``MINILLM_SKINNY=mkl`` turns it off.
 """
 from __future__ import annotations
