@@ -98,3 +98,19 @@ def test_the_probes_measure_this_machine():
     mm = matmul_probe(roofs, torch.float32)
     assert mm is not None and mm.measure() > 0 and mm.probe.startswith("gemm 64x64x64")
     assert matmul_probe(roofs, "float16") is None  # no cached shape for a dtype the roofs never measured
+
+
+def test_a_cached_roof_below_the_runs_probes_is_called_out():
+    """A roof cached in a slow hour: 'X% of the cached roof' above the same-run figure says so, and how to fix it."""
+    from minillm.bench.report import STALE_CACHED_ROOF, format_latency, format_throughput
+
+    runs = {"minillm": SubjectLatency(decode=[DecodeRun(0.1, 0.63, 64, 1e6)] * 3, prefill_s=[1.0] * 3)}
+    probes = SameRunRoof("B/s", "fake", lambda: 0.0, [1.2e8] * 4)
+    slow_cache = summarize_latency(runs, TINY, CFG, torch.float32, 0.8e8, same_run_roofs=probes.around_repeats(3))
+    assert STALE_CACHED_ROOF in format_latency({**slow_cache, "same_run_roof": probes}).splitlines()
+    fast_cache = summarize_latency(runs, TINY, CFG, torch.float32, 2e8, same_run_roofs=probes.around_repeats(3))
+    assert STALE_CACHED_ROOF not in format_latency({**fast_cache, "same_run_roof": probes}).splitlines()
+    base = SubjectThroughput(runs=[BatchRun(wall_s=2.0, prompt_tokens=50, output_tokens=100, generated_tokens=100,
+                                            flops=4e11)])
+    out = summarize_throughput({"minillm": base}, compute_roof=2.5e11, same_run_roofs=[3e11])
+    assert STALE_CACHED_ROOF in format_throughput(out).splitlines()

@@ -58,6 +58,11 @@ def format_targets(targets: list[Target]) -> list[str]:
     return lines
 
 
+# a roof cached in a slow hour sits below this run's own probes: the fraction of it overstates
+STALE_CACHED_ROOF = ("  note: this run's probes beat the cached roof (it was measured in a slower hour); "
+                     "`minillm bench roofs --remeasure` raises it")
+
+
 def format_latency(summary: dict[str, Any]) -> str:
     lines = ["batch-1 latency (medians)"]
     bpt = summary["bytes_per_decode_token"]["value"]
@@ -68,9 +73,11 @@ def format_latency(summary: dict[str, Any]) -> str:
         lines.append(f"  same-run roof: {same_run.best / 1e9:.1f} GB/s, best of {len(same_run.values)} probes between "
                      f"the repeats ({', '.join(f'{v / 1e9:.1f}' for v in same_run.values)}); ceiling "
                      f"{_fmt(summary.get('same_run_ceiling_decode_tok_s'), '.1f')} tok/s")
+    stale = False
     for name, f in summary["figures"].items():
         frac = _med(f.get("decode_bandwidth_fraction"))
         same = _med(f.get("decode_same_run_roof_fraction"))
+        stale = stale or (frac is not None and same is not None and frac > same)
         of_same = f", {_fmt(same * 100, '.0f')}% of the same-run roof" if same is not None else ""
         lines.append(
             f"  {name:13s} decode {_med(f['decode_tok_s']):7.2f} tok/s ({_fmt(frac and frac * 100, '.0f')}% of the "
@@ -78,6 +85,8 @@ def format_latency(summary: dict[str, Any]) -> str:
             f" | prefill {f['prefill_s'].params.get('prompt_len')} tok {_med(f['prefill_s']) * 1e3:8.1f} ms"
             f" ({_med(f['prefill_tok_s']):7.0f} tok/s)"
         )
+    if stale:
+        lines.append(STALE_CACHED_ROOF)
     for name, r in summary["ratios"].items():
         lines.append(f"  minillm / {name}: decode x{_fmt(r['decode_tok_s'])} (paired x{_fmt(r['decode_tok_s_paired'])}),"
                      f" prefill x{_fmt(r['prefill_speed'])} (paired x{_fmt(r['prefill_speed_paired'])})")
@@ -102,6 +111,8 @@ def format_throughput(summary: dict[str, Any]) -> str:
             lines.append(f"  {'':13s} {_med(f['achieved_flops_per_s']) / 1e9:.1f} GFLOP/s counted"
                          + (f" = {frac:.0%} of the dtype's cached matmul roof" if frac is not None else "")
                          + (f", {same:.0%} of the same-run roof" if same is not None else ""))
+            if frac is not None and same is not None and frac > same:
+                lines.append(STALE_CACHED_ROOF)
         ttft, tpot = f["ttft_s"], f["tpot_s"]
         lines.append(
             f"  {'':13s} TTFT p50/p90/p99 {_fmt(ttft['p50'])}/{_fmt(ttft['p90'])}/{_fmt(ttft['p99'])} s,"
