@@ -121,69 +121,66 @@ void tile_rows(const float* w, const float* x, const float* b, float* y, int64_t
 // 8 rows 2.28 -> 1.92 / 10.9 -> 11.8; 2 rows 1.66 -> 1.21 / 9.14 -> 7.45; 1 row 1.63 -> 1.14 / 8.33 -> 6.53).
 constexpr int64_t STREAM_AHEAD = 2048;  // floats (8 KB): 0, 512 and 2,048 measured; 2,048 won on the head
 
+// The stream's vector: 16 floats where the CPU has AVX-512, else 8; `tail` loads the last k % width
+// floats (zeros beyond: the weight row and x end there).
 #if defined(__AVX512F__)
+struct StreamVec {
+  using V = __m512;
+  static constexpr int64_t width = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V tail(const float* p, int64_t count) { return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1), p); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static float sum(V v) { return _mm512_reduce_add_ps(v); }
+};
+#else
+struct StreamVec {
+  using V = __m256;
+  static constexpr int64_t width = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V tail(const float*, int64_t) { return zero(); }  // never called: k % 8 == 0 (the caller's check)
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static float sum(V v) { return hsum(v); }
+};
+#endif
+
 template <int M, int U>
 void rows_stream(const float* w, const float* x, const float* b, float* y, int64_t k, int64_t n, int64_t lo,
                  int64_t hi) {
-  constexpr int64_t step = 16 * U;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (k % 16)) - 1);
+  using S = StreamVec;
+  constexpr int64_t step = S::width * U;
   for (int64_t j = lo; j < hi; ++j) {
     const float* wr = w + j * k;
-    __m512 acc[M][U];
+    S::V acc[M][U];
     for (int i = 0; i < M; ++i)
-      for (int u = 0; u < U; ++u) acc[i][u] = _mm512_setzero_ps();
+      for (int u = 0; u < U; ++u) acc[i][u] = S::zero();
     int64_t t = 0;
     for (; t + step <= k; t += step)
       for (int u = 0; u < U; ++u) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr + t + STREAM_AHEAD + 16 * u), _MM_HINT_T0);
-        const __m512 wv = _mm512_loadu_ps(wr + t + 16 * u);
-        for (int i = 0; i < M; ++i) acc[i][u] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i * k + t + 16 * u), acc[i][u]);
+        const int64_t at = t + S::width * u;
+        if (at % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(wr + at + STREAM_AHEAD), _MM_HINT_T0);  // a line
+        const S::V wv = S::load(wr + at);
+        for (int i = 0; i < M; ++i) acc[i][u] = S::fma(wv, S::load(x + i * k + at), acc[i][u]);
       }
-    for (; t + 16 <= k; t += 16) {
+    for (; t + S::width <= k; t += S::width) {
       _mm_prefetch(reinterpret_cast<const char*>(wr + t + STREAM_AHEAD), _MM_HINT_T0);
-      const __m512 wv = _mm512_loadu_ps(wr + t);
-      for (int i = 0; i < M; ++i) acc[i][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i * k + t), acc[i][0]);
+      const S::V wv = S::load(wr + t);
+      for (int i = 0; i < M; ++i) acc[i][0] = S::fma(wv, S::load(x + i * k + t), acc[i][0]);
     }
     if (t < k) {
-      const __m512 wv = _mm512_maskz_loadu_ps(tail, wr + t);
-      for (int i = 0; i < M; ++i) acc[i][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(tail, x + i * k + t), acc[i][0]);
+      const S::V wv = S::tail(wr + t, k - t);
+      for (int i = 0; i < M; ++i) acc[i][0] = S::fma(wv, S::tail(x + i * k + t, k - t), acc[i][0]);
     }
     for (int i = 0; i < M; ++i) {
-      __m512 sum = acc[i][0];
-      for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[i][u]);
-      y[i * n + j] = _mm512_reduce_add_ps(sum) + (b ? b[j] : 0.f);
+      S::V total = acc[i][0];
+      for (int u = 1; u < U; ++u) total = S::add(total, acc[i][u]);
+      y[i * n + j] = S::sum(total) + (b ? b[j] : 0.f);
     }
   }
 }
-#else
-template <int M, int U>
-void rows_stream(const float* w, const float* x, const float* b, float* y, int64_t k, int64_t n, int64_t lo,
-                 int64_t hi) {
-  constexpr int64_t step = 8 * U;  // k % 8 == 0 (the caller's check)
-  for (int64_t j = lo; j < hi; ++j) {
-    const float* wr = w + j * k;
-    __m256 acc[M][U];
-    for (int i = 0; i < M; ++i)
-      for (int u = 0; u < U; ++u) acc[i][u] = _mm256_setzero_ps();
-    int64_t t = 0;
-    for (; t + step <= k; t += step)
-      for (int u = 0; u < U; ++u) {
-        if (u % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(wr + t + STREAM_AHEAD + 8 * u), _MM_HINT_T0);
-        const __m256 wv = _mm256_loadu_ps(wr + t + 8 * u);
-        for (int i = 0; i < M; ++i) acc[i][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * k + t + 8 * u), acc[i][u]);
-      }
-    for (; t < k; t += 8) {
-      const __m256 wv = _mm256_loadu_ps(wr + t);
-      for (int i = 0; i < M; ++i) acc[i][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * k + t), acc[i][0]);
-    }
-    for (int i = 0; i < M; ++i) {
-      __m256 sum = acc[i][0];
-      for (int u = 1; u < U; ++u) sum = _mm256_add_ps(sum, acc[i][u]);
-      y[i * n + j] = hsum(sum) + (b ? b[j] : 0.f);
-    }
-  }
-}
-#endif
 
 void rows_simd(const float* w, const float* x, const float* b, float* y, int64_t m, int64_t k, int64_t n,
                int64_t lo, int64_t hi) {

@@ -127,7 +127,7 @@ def engine_read_probe(src: torch.Tensor) -> Callable[[], object] | None:
     byte once, as batch-1 decode does), or None where that kernel does not run (a GPU, no compiler).
     A roof is the fastest read the machine was seen to do, and torch's sum is no upper bound for the
     engine's own stream: on a 2-vCPU Zen 5 it read 97-105 GB/s from the LM head in runs where a 512 MiB
-    sum read 75-80 (kernels/cpu/skinny_f32.cpp, row1_stream)."""
+    sum read 75-80 (kernels/cpu/skinny_f32.cpp, rows_stream)."""
     if src.device.type != "cpu" or src.dtype != torch.float32 or src.numel() < 512:
         return None
     from minillm.kernels import skinny_cpu
