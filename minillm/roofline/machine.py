@@ -120,6 +120,7 @@ def machine_info(device: str | torch.device = "cpu") -> MachineInfo:
 def cpu_kernels() -> dict[str, str | None]:
     """The CPU code paths this process uses, as detected at start-up."""
     from minillm.engine.cpu_memory import malloc_state
+    from minillm.engine.huge_pages import huge_pages_state
     from minillm.engine.model_runner import compiled_body_layout
     from minillm.kernels import gguf_cpu, tiled_cpu
     from minillm.quant.cpu_route import cpu_features
@@ -133,4 +134,5 @@ def cpu_kernels() -> dict[str, str | None]:
             "cpu_vendor": tiled_cpu.cpu_vendor(),
             "float32_batched_linear_rows": tiled_cpu.row_limits().why,  # where the tiled kernel beats MKL here
             "compiled_float32_body": compiled_body_layout(),
-            "malloc": malloc_state()}  # glibc's thresholds as an engine set them (engine/cpu_memory.py); None: untouched
+            "malloc": malloc_state(),  # glibc's thresholds as an engine set them (engine/cpu_memory.py); None: untouched
+            "huge_pages": huge_pages_state()}  # weights in 2 MB pages (engine/huge_pages.py)

@@ -139,11 +139,24 @@ def engine_read_probe(src: torch.Tensor) -> Callable[[], object] | None:
     return lambda: skinny_cpu.linear(x, weight)
 
 
+def probe_buffer(n: int, device: torch.device) -> torch.Tensor:
+    """n float32 ones (ones, not empty: every page touched first). On a CPU in 2 MB pages where the
+    machine has them, as the engine keeps its weights (engine/huge_pages.py): the roof a decode step is
+    judged against is then read the same way the step reads."""
+    if torch.device(device).type == "cpu":
+        from minillm.engine.huge_pages import huge_page_empty
+
+        raw = huge_page_empty(n * 4)
+        if raw is not None:
+            return raw.view(torch.float32).fill_(1.0)
+    return torch.ones(n, dtype=torch.float32, device=device)
+
+
 def measure_bandwidth(device: torch.device, nbytes: int = DEFAULT_COPY_BYTES, repeats: int = 10) -> tuple[Measurement, Measurement]:
     """(copy bandwidth counting read + write, read-only bandwidth: the faster of a sum and the engine's
     one-row product, `engine_read_probe`; params["kernel"] says which)."""
     n = nbytes // 4
-    src = torch.ones(n, dtype=torch.float32, device=device)  # ones, not empty: touch every page first
+    src = probe_buffer(n, device)
     dst = torch.zeros_like(src)
     copy_t = time_repeats(lambda: dst.copy_(src), device, repeats)
     read_values, kernel = [n * 4 / t for t in time_repeats(lambda: src.sum(), device, repeats)], "sum"

@@ -1,0 +1,75 @@
+"""Weights moved into a huge-page mapping (engine/huge_pages.py): same values, same objects, tied stays tied."""
+import pytest
+import torch
+from torch import nn
+
+from minillm.engine import huge_pages
+from minillm.engine.huge_pages import huge_page_bytes, move_to_huge_pages, thp_mode
+from minillm.roofline.roofs import probe_buffer
+
+HAS_THP = thp_mode() in ("always", "madvise")
+
+
+class Tiny(nn.Module):
+    """Big enough to move (each tensor >= 64 KB): a tied embedding/head, a K-major linear, a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(512, 128)
+        self.head = nn.Linear(128, 512, bias=False)
+        self.head.weight = self.embed.weight
+        self.body = nn.Linear(128, 256)
+        self.body.weight = nn.Parameter(self.body.weight.detach().t().contiguous().t(), requires_grad=False)
+        self.register_buffer("table", torch.randn(200, 100))
+        self.norm = nn.Parameter(torch.ones(128))  # small: stays
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids) * self.norm
+        return self.head(h) + self.body(h).sum(-1, keepdim=True) + self.table.sum()
+
+
+@pytest.mark.skipif(not HAS_THP, reason=f"transparent huge pages: {thp_mode()}")
+def test_move_keeps_values_objects_ties_and_strides():
+    torch.manual_seed(0)
+    m = Tiny()
+    ids = torch.tensor([0, 7, 300, 511])
+    before = m(ids)
+    params = {n: p for n, p in m.named_parameters()}
+    ptrs = {n: p.data_ptr() for n, p in params.items()}
+    stride = m.body.weight.stride()
+    report = move_to_huge_pages(m)
+    assert report.tensors == 3 and report.bytes == (512 * 128 + 256 * 128 + 200 * 100) * 4  # embed/head once
+    assert {n: p for n, p in m.named_parameters()} == params  # the same Parameter objects
+    assert m.head.weight is m.embed.weight
+    assert m.body.weight.stride() == stride == (1, 256)  # K-major stays K-major
+    assert m.embed.weight.data_ptr() != ptrs["embed.weight"] and m.norm.data_ptr() == ptrs["norm"]
+    assert huge_pages.in_huge_page_mapping(m.table)
+    assert torch.equal(m(ids), before)
+    again = move_to_huge_pages(m)  # a second engine on the same model moves nothing
+    assert again.tensors == 0 and again.already == report.bytes
+    assert m.embed.weight.data_ptr() != ptrs["embed.weight"]
+
+
+@pytest.mark.skipif(not HAS_THP, reason=f"transparent huge pages: {thp_mode()}")
+def test_large_weights_land_in_2mb_pages():
+    m = nn.Linear(1024, 4096, bias=False)  # 16 MiB
+    report = move_to_huge_pages(m)
+    assert report.bytes == 16 << 20
+    # the kernel may be short of free 2 MB pages; most of a fresh 16 MiB mapping gets them on a healthy machine
+    assert report.huge_bytes >= 8 << 20, report
+    assert huge_page_bytes(m.weight.data_ptr(), 16 << 20) == report.huge_bytes
+
+
+def test_switch_off_leaves_weights(monkeypatch):
+    monkeypatch.setenv(huge_pages.HUGE_PAGES_ENV, "0")
+    m = Tiny()
+    ptr = m.embed.weight.data_ptr()
+    report = move_to_huge_pages(m)
+    assert report.tensors == 0 and "off" in str(report) and m.embed.weight.data_ptr() == ptr
+
+
+def test_probe_buffer_is_ones():
+    b = probe_buffer(3 << 20, torch.device("cpu"))
+    assert b.dtype == torch.float32 and b.numel() == 3 << 20 and bool((b == 1).all())
+    if HAS_THP:
+        assert huge_pages.in_huge_page_mapping(b)
