@@ -73,3 +73,40 @@ def test_probe_buffer_is_ones():
     assert b.dtype == torch.float32 and b.numel() == 3 << 20 and bool((b == 1).all())
     if HAS_THP:
         assert huge_pages.in_huge_page_mapping(b)
+
+
+def test_collapse_in_place_keeps_values_and_addresses():
+    ts = [torch.randn(2 << 20) for _ in range(3)] + [torch.randn(100_000) for _ in range(4)]  # 8 MiB and 400 KB
+    before = [(t.data_ptr(), t.clone()) for t in ts]
+    report = huge_pages.collapse_into_huge_pages(ts + ts[:1])  # a tensor named twice counts once
+    assert all(t.data_ptr() == ptr and torch.equal(t, v) for t, (ptr, v) in zip(ts, before))
+    if report.mode.startswith("unavailable"):
+        pytest.skip(report.mode)
+    assert report.tensors == 7 and report.bytes == (3 * (2 << 20) + 4 * 100_000) * 4
+    assert "collapsed in place" in str(report)
+    # each 2 MB chunk wholly inside the mapping collapses; at most the chunks at a mapping's ends may not
+    assert report.huge_bytes >= report.bytes // 2, report
+
+
+def test_collapse_switched_off(monkeypatch):
+    monkeypatch.setenv(huge_pages.HUGE_PAGES_ENV, "0")
+    assert huge_pages.collapse_into_huge_pages([torch.randn(1 << 20)]).tensors == 0
+
+
+@pytest.mark.slow
+def test_a_compiled_graphs_packed_weights_are_collapsed():
+    # inductor's frozen graph multiplies its own packed copies of the weights (the generated module's
+    # globals); frozen_compile collapses them into 2 MB pages as each graph is built
+    from tests.helpers.engine_utils import greedy, run_to_completion, tiny_model
+    from minillm.engine.config import EngineConfig
+    from minillm.engine.llm_engine import LLMEngine
+
+    model = tiny_model(heads=8, kv_heads=4, head_dim=32)  # every linear >= 64 KB
+    eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, compile=True))
+    eng.add_request("a", [5, 6, 7, 8, 9], greedy(6))
+    run_to_completion(eng)
+    reports = eng.executor.compiled_decode.huge_pages
+    assert reports and reports[0].tensors > 0 and reports[0].action == "collapsed in place"
+    if not reports[0].mode.startswith("unavailable"):
+        assert reports[0].huge_bytes > 0
+    assert eng.executor.huge_pages.tensors > 0  # and the model's own weights were moved

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from minillm.engine.huge_pages import HUGE_PAGES_ENV, collapse_into_huge_pages
+
 
 def shape_class(value: Any) -> Hashable:
     """What Dynamo's guards can tell apart in a step's inputs, as a hashable key: tensors by
@@ -100,7 +102,8 @@ def private_code(fn: Callable) -> Callable:
     return types.MethodType(copy, fn.__self__) if fn is not func else copy  # fn was a bound method
 
 
-def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapper: bool = False) -> Callable:
+def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapper: bool = False,
+                   huge_pages: bool = False) -> Callable:
     """torch.compile with inductor freezing: weights become constants, so inductor can
     pre-pack them for oneDNN (the fast matrix-vector path on CPU), and max_autotune
     picks among the candidates. Freezing is read when a graph is compiled -- lazily,
@@ -109,7 +112,11 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
 
     skip_seen_guards (default: on unless MINILLM_COMPILE_GUARDS=always): guards run in
     full only on the first call of each `shape_class` of the arguments (module docstring).
-    cpu_wrapper: the graph runs on the CPU, so its wrapper is C++ (`wrapper_options`)."""
+    cpu_wrapper: the graph runs on the CPU, so its wrapper is C++ (`wrapper_options`).
+    huge_pages: each new graph's frozen weights (inductor packs its own copies; the generated module's
+    globals) are collapsed into 2 MB pages in place (engine/huge_pages.py), unless MINILLM_HUGE_PAGES=0
+    when this is called."""
+    huge_pages = huge_pages and os.environ.get(HUGE_PAGES_ENV, "1") != "0"
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
     import torch.fx.experimental._config as shape_config
@@ -144,7 +151,11 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
                 dynamo_config.patch(specialize_float=True), shape_config.patch(use_duck_shape=False):
             before, loaded = graphs_compiled(), len(code_modules())
             out = compiled(*args, **kwargs)
-            modules.extend(code_modules()[loaded:])
+            new = code_modules()[loaded:]
+            modules.extend(new)
+            if huge_pages and new:  # the frozen graph's own packed weights: 2 MB pages, in place
+                call.huge_pages.append(collapse_into_huge_pages(
+                    v for m in new for v in vars(m).values() if isinstance(v, torch.Tensor)))
             if key in seen and graphs_compiled() > before:  # an audit call needed a new graph
                 stop_skipping()
             elif key is not None and state["skip"]:
@@ -158,6 +169,7 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
                       "seen; its guards now run on every step", RuntimeWarning, stacklevel=3)
 
     call.shape_classes_seen = seen  # type: ignore[attr-defined]
+    call.huge_pages = []  # type: ignore[attr-defined]  # one HugePageReport per graph compiled (huge_pages=True)
     if target is not fn:
         release = weakref.finalize(call, release_graphs, getattr(target, "__func__", target).__code__, modules)
         release.atexit = False  # at exit the process's memory goes anyway

@@ -24,10 +24,13 @@ transparent huge pages "never", a GPU) nothing moves; the report says why.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import mmap
 import os
 import sys
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +41,7 @@ HUGE_PAGE = 2 << 20
 ALIGN = 4096  # each tensor starts on its own 4 KB page inside the mapping
 MIN_BYTES = 64 << 10  # smaller tensors (norm weights, biases) stay where they are
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+MADV_COLLAPSE = 25  # Linux 6.1+: collapse a range's pages into huge pages now, in place
 _arenas: list[tuple[weakref.ref, int, int]] = []  # this process's mappings: (mmap, start, end), alive while used
 
 
@@ -74,22 +78,55 @@ def in_huge_page_mapping(t: torch.Tensor) -> bool:
 
 
 def huge_page_bytes(start: int, length: int) -> int:
-    """Bytes of [start, start + length) that the kernel backs with huge pages now (/proc/self/smaps:
-    AnonHugePages of each mapping that overlaps, counted in proportion to the overlap)."""
-    total, overlap = 0, 0
+    """Bytes of [start, start + length) that the kernel backs with huge pages now."""
+    return huge_page_bytes_in([(start, start + length)])
+
+
+def huge_page_bytes_in(ranges: list[tuple[int, int]]) -> int:
+    """Bytes of the address ranges [lo, hi) that the kernel backs with huge pages now (/proc/self/smaps:
+    AnonHugePages of each mapping, counted in proportion to its overlap with the ranges)."""
+    total, overlap, span = 0, 0, 1
     try:
         with open("/proc/self/smaps") as f:
             for line in f:
                 head = line.split(None, 1)[0]
                 if "-" in head and not head.endswith(":"):
                     lo, hi = (int(v, 16) for v in head.split("-"))
-                    overlap = max(0, min(hi, start + length) - max(lo, start))
+                    overlap = sum(max(0, min(hi, b) - max(lo, a)) for a, b in ranges)
                     span = hi - lo
                 elif head == "AnonHugePages:" and overlap:
                     total += int(line.split()[1]) * 1024 * overlap // span
     except OSError:
         return 0
     return total
+
+
+def collapse_into_huge_pages(tensors: Iterable[torch.Tensor]) -> HugePageReport:
+    """Turn the pages under these CPU tensors (64 KB or more each) into 2 MB pages in place: Linux 6.1's
+    MADV_COLLAPSE, which needs no new mapping, so nothing that holds their addresses notices. For weights
+    the engine does not own, such as the packed copies a frozen compiled graph keeps
+    (engine/compile.frozen_compile). Best effort: a kernel short of free 2 MB pages collapses fewer."""
+    if os.environ.get(HUGE_PAGES_ENV, "1") == "0":
+        return HugePageReport(f"off ({HUGE_PAGES_ENV}=0)")
+    extents = sorted({(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors
+                      if t.device.type == "cpu" and t.layout == torch.strided
+                      and t.numel() * t.element_size() >= MIN_BYTES})  # each tensor once
+    if not extents or sys.platform != "linux":
+        return HugePageReport(thp_mode())
+    chunks = sorted({c for lo, hi in extents for c in range(lo // HUGE_PAGE * HUGE_PAGE, hi, HUGE_PAGE)})
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    done = set()
+    for chunk in chunks:  # one call per 2 MB: a chunk that fails stops no other
+        if libc.madvise(chunk, HUGE_PAGE, MADV_COLLAPSE) == 0:
+            done.add(chunk)
+        elif ctypes.get_errno() == errno.EINVAL and not done:
+            return HugePageReport("unavailable (MADV_COLLAPSE refused: Linux before 6.1, or memory it cannot collapse)")
+        # ENOMEM (the chunk runs past its mapping) or EAGAIN (no free 2 MB page): that chunk stays as it was
+    huge = sum(max(0, min(hi, c + HUGE_PAGE) - max(lo, c)) for lo, hi in extents
+               for c in range(lo // HUGE_PAGE * HUGE_PAGE, hi, HUGE_PAGE) if c in done)
+    nbytes = sum(hi - lo for lo, hi in extents)
+    return HugePageReport(thp_mode(), len(extents), nbytes, huge, action="collapsed in place")
 
 
 @dataclass
@@ -101,17 +138,18 @@ class HugePageReport:
     bytes: int = 0  # their bytes
     huge_bytes: int = 0  # of those, backed by 2 MB pages right after the move
     already: int = 0  # bytes a previous move (an earlier engine on the same model) had put there
+    action: str = "moved to a huge-page mapping"  # or "collapsed in place" (collapse_into_huge_pages)
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "tensors": self.tensors, "bytes": self.bytes, "huge_bytes": self.huge_bytes,
-                "already": self.already}
+                "already": self.already, "action": self.action}
 
     def __str__(self) -> str:
         if not self.tensors:
             if self.already:
                 return f"{self.already / 2**20:.0f} MiB of weights already in a huge-page mapping ({self.mode})"
             return f"weights in 4 KB pages ({self.mode})"
-        return (f"{self.bytes / 2**20:.0f} MiB of weights moved to a huge-page mapping, "
+        return (f"{self.bytes / 2**20:.0f} MiB of weights {self.action}, "
                 f"{self.huge_bytes / 2**20:.0f} MiB of it in 2 MB pages (transparent huge pages: {self.mode})")
 
 

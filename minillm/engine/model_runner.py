@@ -119,7 +119,8 @@ class ModelRunner(Executor):
         self.logit_extras: Callable[[torch.Tensor], torch.Tensor | None] | None = None
         self.last_extra_logits: torch.Tensor | None = None
         if config.compile:
-            self.compiled_decode = frozen_compile(model.forward, cpu_wrapper=self.device.type == "cpu")
+            self.compiled_decode = frozen_compile(model.forward, cpu_wrapper=self.device.type == "cpu",
+                                                  huge_pages=self.device.type == "cpu")
             mark_pool_static(self.pool.tensors())
             if isinstance(model.lm_head, QuantLinear):
                 # a quantized head is fastest as an inductor-fused dequantize-and-reduce at batch 1
