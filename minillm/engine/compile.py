@@ -128,6 +128,7 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
     seen: set[Hashable] = set()
     modules: list = []  # the generated code modules of this function's graphs (`release_graphs`)
     state = {"skip": skip_seen_guards, "calls": 0}
+    reports: list = []  # not call.huge_pages inside call: a closure over itself would outlive `del call`
     # max_autotune still picks each GEMM's kernel, but prints no AUTOTUNE table or choice stats per GEMM
     quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
     inductor_options = dict(freezing=True, max_autotune=True, **quiet, **wrapper_options(cpu_wrapper))
@@ -154,7 +155,7 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
             new = code_modules()[loaded:]
             modules.extend(new)
             if huge_pages and new:  # the frozen graph's own packed weights: 2 MB pages, in place
-                call.huge_pages.append(collapse_into_huge_pages(
+                reports.append(collapse_into_huge_pages(
                     v for m in new for v in vars(m).values() if isinstance(v, torch.Tensor)))
             if key in seen and graphs_compiled() > before:  # an audit call needed a new graph
                 stop_skipping()
@@ -169,7 +170,7 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
                       "seen; its guards now run on every step", RuntimeWarning, stacklevel=3)
 
     call.shape_classes_seen = seen  # type: ignore[attr-defined]
-    call.huge_pages = []  # type: ignore[attr-defined]  # one HugePageReport per graph compiled (huge_pages=True)
+    call.huge_pages = reports  # type: ignore[attr-defined]  # one HugePageReport per graph compiled (huge_pages=True)
     if target is not fn:
         release = weakref.finalize(call, release_graphs, getattr(target, "__func__", target).__code__, modules)
         release.atexit = False  # at exit the process's memory goes anyway
