@@ -110,3 +110,12 @@ def test_a_compiled_graphs_packed_weights_are_collapsed():
     if not reports[0].mode.startswith("unavailable"):
         assert reports[0].huge_bytes > 0
     assert eng.executor.huge_pages.tensors > 0  # and the model's own weights were moved
+
+
+def test_the_bench_json_says_what_this_process_moved():
+    moved_before = huge_pages._done["moved"]
+    m = nn.Linear(256, 256, bias=False)  # 256 KB
+    report = move_to_huge_pages(m)
+    state = huge_pages.huge_pages_state()
+    assert state.startswith("transparent huge pages:") and "this process:" in state
+    assert huge_pages._done["moved"] - moved_before == report.bytes
