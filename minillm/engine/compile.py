@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from minillm.engine.huge_pages import HUGE_PAGES_ENV, collapse_into_huge_pages
+from minillm.engine.huge_pages import collapse_into_huge_pages, huge_pages_enabled
 
 
 def shape_class(value: Any) -> Hashable:
@@ -116,7 +116,7 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
     huge_pages: each new graph's frozen weights (inductor packs its own copies; the generated module's
     globals) are collapsed into 2 MB pages in place (engine/huge_pages.py), unless MINILLM_HUGE_PAGES=0
     when this is called."""
-    huge_pages = huge_pages and os.environ.get(HUGE_PAGES_ENV, "1") != "0"
+    huge_pages = huge_pages and huge_pages_enabled()
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
     import torch.fx.experimental._config as shape_config

@@ -28,6 +28,7 @@ transparent huge pages "never", a GPU) nothing moves; the report says why.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import mmap
 import os
@@ -47,6 +48,11 @@ THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 MADV_COLLAPSE = 25  # Linux 6.1+: collapse a range's pages into huge pages now, in place
 _arenas: list[tuple[weakref.ref, int, int]] = []  # this process's mappings: (mmap, start, end), alive while used
 _done = {"moved": 0, "moved_huge": 0, "collapsed": 0, "collapsed_huge": 0}  # bytes, this process (huge_pages_state)
+
+
+def huge_pages_enabled() -> bool:
+    """False where MINILLM_HUGE_PAGES=0 (the weights stay where the loader or inductor put them)."""
+    return os.environ.get(HUGE_PAGES_ENV, "1") != "0"
 
 
 def thp_mode() -> str:
@@ -81,11 +87,6 @@ def in_huge_page_mapping(t: torch.Tensor) -> bool:
     return any(ref() is not None and lo <= ptr < hi for ref, lo, hi in _arenas)
 
 
-def huge_page_bytes(start: int, length: int) -> int:
-    """Bytes of [start, start + length) that the kernel backs with huge pages now."""
-    return huge_page_bytes_in([(start, start + length)])
-
-
 def huge_page_bytes_in(ranges: list[tuple[int, int]]) -> int:
     """Bytes of the address ranges [lo, hi) that the kernel backs with huge pages now (/proc/self/smaps:
     AnonHugePages of each mapping, counted in proportion to its overlap with the ranges)."""
@@ -110,14 +111,15 @@ def collapse_into_huge_pages(tensors: Iterable[torch.Tensor]) -> HugePageReport:
     MADV_COLLAPSE, which needs no new mapping, so nothing that holds their addresses notices. For weights
     the engine does not own, such as the packed copies a frozen compiled graph keeps
     (engine/compile.frozen_compile). Best effort: a kernel short of free 2 MB pages collapses fewer."""
-    if os.environ.get(HUGE_PAGES_ENV, "1") == "0":
+    if not huge_pages_enabled():
         return HugePageReport(f"off ({HUGE_PAGES_ENV}=0)")
     extents = sorted({(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors
                       if t.device.type == "cpu" and t.layout == torch.strided
                       and t.numel() * t.element_size() >= MIN_BYTES})  # each tensor once
     if not extents or sys.platform != "linux":
         return HugePageReport(thp_mode())
-    chunks = sorted({c for lo, hi in extents for c in range(lo // HUGE_PAGE * HUGE_PAGE, hi, HUGE_PAGE)})
+    chunks_of = {(lo, hi): range(lo // HUGE_PAGE * HUGE_PAGE, hi, HUGE_PAGE) for lo, hi in extents}
+    chunks = sorted({c for span in chunks_of.values() for c in span})
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     done = set()
@@ -127,8 +129,7 @@ def collapse_into_huge_pages(tensors: Iterable[torch.Tensor]) -> HugePageReport:
         elif ctypes.get_errno() == errno.EINVAL and not done:
             return HugePageReport("unavailable (MADV_COLLAPSE refused: Linux before 6.1, or memory it cannot collapse)")
         # ENOMEM (the chunk runs past its mapping) or EAGAIN (no free 2 MB page): that chunk stays as it was
-    huge = sum(max(0, min(hi, c + HUGE_PAGE) - max(lo, c)) for lo, hi in extents
-               for c in range(lo // HUGE_PAGE * HUGE_PAGE, hi, HUGE_PAGE) if c in done)
+    huge = sum(min(hi, c + HUGE_PAGE) - max(lo, c) for (lo, hi), span in chunks_of.items() for c in span if c in done)
     nbytes = sum(hi - lo for lo, hi in extents)
     _done["collapsed"] += nbytes
     _done["collapsed_huge"] += huge
@@ -137,18 +138,17 @@ def collapse_into_huge_pages(tensors: Iterable[torch.Tensor]) -> HugePageReport:
 
 @dataclass
 class HugePageReport:
-    """What move_to_huge_pages did, for the trace and the bench JSON."""
+    """What move_to_huge_pages or collapse_into_huge_pages did, for the runner and the bench JSON."""
 
     mode: str  # the kernel's policy, or why nothing moved
-    tensors: int = 0  # parameters and buffers moved (each shared storage once)
+    tensors: int = 0  # tensors moved (each shared storage once) or collapsed
     bytes: int = 0  # their bytes
     huge_bytes: int = 0  # of those, backed by 2 MB pages right after the move
     already: int = 0  # bytes a previous move (an earlier engine on the same model) had put there
     action: str = "moved to a huge-page mapping"  # or "collapsed in place" (collapse_into_huge_pages)
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "tensors": self.tensors, "bytes": self.bytes, "huge_bytes": self.huge_bytes,
-                "already": self.already, "action": self.action}
+        return dataclasses.asdict(self)
 
     def __str__(self) -> str:
         if not self.tensors:
@@ -168,7 +168,7 @@ def _movable(t: torch.Tensor) -> bool:
 
 def move_to_huge_pages(model: nn.Module) -> HugePageReport:
     """Copy `model`'s large CPU parameters and buffers into one huge-page mapping (module docstring)."""
-    if os.environ.get(HUGE_PAGES_ENV, "1") == "0":
+    if not huge_pages_enabled():
         return HugePageReport(f"off ({HUGE_PAGES_ENV}=0)")
     mode = thp_mode()
     tensors: dict[int, torch.Tensor] = {}  # storage address -> one tensor on it
@@ -207,7 +207,7 @@ def move_to_huge_pages(model: nn.Module) -> HugePageReport:
             for name, b in module._buffers.items():
                 if b is not None and (new := copy_of(b)) is not None:
                     module._buffers[name] = new
-    report = HugePageReport(mode, len(tensors), nbytes, huge_page_bytes(arena.data_ptr(), end), sum(already.values()))
+    report = HugePageReport(mode, len(tensors), nbytes, huge_page_bytes_in([(arena.data_ptr(), arena.data_ptr() + end)]), sum(already.values()))
     _done["moved"] += report.bytes
     _done["moved_huge"] += report.huge_bytes
     return report
@@ -215,7 +215,7 @@ def move_to_huge_pages(model: nn.Module) -> HugePageReport:
 
 def huge_pages_state() -> str:
     """For the bench JSON: the kernel's policy and what this process's engines put in 2 MB pages so far."""
-    if os.environ.get(HUGE_PAGES_ENV, "1") == "0":
+    if not huge_pages_enabled():
         return f"off ({HUGE_PAGES_ENV}=0)"
     mib = {k: v / 2**20 for k, v in _done.items()}
     return (f"transparent huge pages: {thp_mode()}; this process: {mib['moved']:.0f} MiB of weights moved "
