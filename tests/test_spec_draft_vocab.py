@@ -58,6 +58,35 @@ def test_restricted_head_is_minus_inf_outside_and_equal_inside():
         restrict_lm_head(model, ids[:3])
 
 
+@pytest.mark.parametrize("width", [1, 2, 3])
+def test_top_tokens_on_the_kept_rows_equal_ranking_the_whole_row(width):
+    """RestrictedLMHead.top_tokens ranks only the kept scores: the same ids, best first, as top_tokens over
+    the vocabulary-wide row with -inf elsewhere, ties included (a kept id repeated on purpose: the first
+    maximum wins in both)."""
+    from minillm.engine.sampler import top_tokens
+
+    torch.manual_seed(1)
+    ids = torch.tensor([1, 4, 9, 10, 30, 63])
+    head = RestrictedLMHead(nn.Linear(16, ids.numel(), bias=False), ids, 64)
+    with torch.no_grad():  # kept rows 1 and 3 (ids 4 and 10) score alike and lead on an all-ones input
+        head.head.weight.mul_(0.01)
+        head.head.weight[1] = 1.0
+        head.head.weight[3] = 1.0
+    x = torch.ones(7, 16)
+    x[1:] = torch.randn(6, 16)
+    with torch.no_grad():
+        fast, slow = head.top_tokens(x, width), top_tokens(head(x), width)
+    assert fast.shape == (7, width) and fast.dtype == torch.long
+    assert torch.isin(fast, ids).all()
+    if width == 1:
+        assert torch.equal(fast, slow)
+        assert fast[0, 0] == 4  # the tie on row 0 goes to the first maximum
+    else:  # topk's order among equal scores is unspecified: compare the ranked scores and the sets
+        full = head(x)
+        torch.testing.assert_close(full.gather(1, fast), full.gather(1, slow))
+        assert all(set(a) == set(b) for a, b in zip(fast[1:].tolist(), slow[1:].tolist()))
+
+
 def test_frequent_tokens_counts_the_corpus():
     class Chars:  # a tokenizer over characters: ids are code points below 128
         all_special_ids = [0]

@@ -27,6 +27,12 @@ def greedy_tokens(logits: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
     return logits.max(-1, keepdim=keepdim).indices
 
 
+def top_tokens(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """[rows, V] -> the `width` highest-scoring ids per row, best first [rows, width]; width 1 is
+    greedy_tokens' first maximum."""
+    return greedy_tokens(logits, keepdim=True) if width == 1 else logits.topk(width, dim=-1).indices
+
+
 @dataclass
 class SampleResult:
     token_ids: list[int]

@@ -112,8 +112,11 @@ class EagleProposer(Proposer):
             if num_tokens is not None:  # the first guess reads it while the sequence still has this many tokens
                 self.feature[sid] = (num_tokens, out[last].clone())
 
-    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.runner.model.compute_logits(x) if self.lm_head is None else self.lm_head(x).float()
+    def head_guesses(self, x: torch.Tensor) -> list[int]:
+        """Each row's greedy guess, on the target's LM head or on the cut one's kept rows (draft_vocab)."""
+        if self.lm_head is None:
+            return greedy_tokens(self.runner.model.compute_logits(x)).tolist()
+        return self.lm_head.top_tokens(x, 1)[:, 0].tolist()
 
     @torch.inference_mode()
     def propose_tokens(self, wants: list[tuple[Sequence, int]]) -> list[Proposal]:
@@ -124,7 +127,7 @@ class EagleProposer(Proposer):
             return out
         z = torch.stack([self.feature[wants[i][0].seq_id][1] for i in ready])
         for depth in range(max(wants[i][1] for i in ready)):
-            guesses = greedy_tokens(self.head_logits(z)).tolist()
+            guesses = self.head_guesses(z)
             for i, g in zip(ready, guesses):
                 out[i].token_ids.append(g)
             ready_next = [j for j, i in enumerate(ready) if wants[i][1] > depth + 1]

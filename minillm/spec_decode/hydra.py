@@ -45,7 +45,7 @@ class HydraProposer(MedusaProposer):
             z = torch.stack([nodes[i][parent][0] for i, parent in jobs]).to(dtype)
             tokens = torch.tensor([nodes[i][parent][1] for i, parent in jobs], device=z.device)
             z = self.heads.step(d - 1, z, embed(tokens).to(dtype))
-            ranked = self.rank(self.head_logits(z), 1, len(jobs), self.topk[d - 1])  # [row][one head][rank]
+            ranked = self.rank(self.head_top_tokens(z, self.topk[d - 1]), 1, len(jobs))  # [row][one head][rank]
             for row, (i, parent) in enumerate(jobs):
                 for rank, token in enumerate(ranked[row][0]):
                     nodes[i][parent + (rank,)] = (z[row], token)

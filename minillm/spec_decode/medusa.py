@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from minillm.engine.sampler import greedy_tokens
+from minillm.engine.sampler import top_tokens
 from minillm.engine.sequence import Sequence
 from minillm.models.skinny_linear import SkinnyLinear, use_skinny_linears
 from minillm.spec_decode.medusa_heads import MedusaHeads
@@ -105,22 +105,29 @@ class MedusaProposer(Proposer):
         """Passes over the LM head's weights that a product over `rows` rows costs."""
         return -(-rows // self.rows_per_read)
 
-    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The heads' states [rows, hidden] through the target's LM head, or the cut one (draft_vocab)."""
-        return self.runner.model.compute_logits(x) if self.lm_head is None else self.lm_head(x).float()
+    def head_top_tokens(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        """The heads' states [rows, hidden] -> their `width` best tokens [rows, width], ranked on the
+        target's LM head, or on the cut one's kept rows alone (draft_vocab)."""
+        if self.lm_head is None:
+            return top_tokens(self.runner.model.compute_logits(x), width)
+        return self.lm_head.top_tokens(x, width)
 
-    def rank(self, logits: torch.Tensor, depth: int, rows: int, width: int | None = None) -> list[list[list[int]]]:
-        """Head logits [depth * rows, vocab] (head-major) -> [row][head][rank] candidate tokens
-        (width per head: by default the most that any of the first `depth` heads must rank)."""
-        width = width or max(self.topk[:depth])
-        top = greedy_tokens(logits, keepdim=True) if width == 1 else logits.topk(width, dim=-1).indices
-        return top.reshape(depth, rows, width).permute(1, 0, 2).tolist()
+    def width(self, depth: int) -> int:
+        """Candidates each head ranks: the most that any of the first `depth` heads must rank."""
+        return max(self.topk[:depth])
+
+    def rank(self, top: torch.Tensor, depth: int, rows: int) -> list[list[list[int]]]:
+        """Ranked tokens [depth * rows, width] (head-major) -> [row][head][rank] candidate tokens."""
+        return top.reshape(depth, rows, top.shape[-1]).permute(1, 0, 2).tolist()
 
     def observe(self, batch, step, chosen, hidden: torch.Tensor | None) -> None:
         if hidden is None:
             return
         extra = self.runner.last_extra_logits  # this step's extra_rows through the LM head, or None
-        ranked = None if extra is None else self.rank(extra, extra.shape[0] // hidden.shape[0], hidden.shape[0])
+        ranked = None
+        if extra is not None:
+            depth = extra.shape[0] // hidden.shape[0]
+            ranked = self.rank(top_tokens(extra, self.width(depth)), depth, hidden.shape[0])
         for i, (c, picked) in enumerate(zip(batch.chunks, chosen)):
             if picked is None:
                 continue
@@ -176,8 +183,7 @@ class MedusaProposer(Proposer):
         h = torch.stack([self.hidden[wants[i][0].seq_id][1] for i in ready])
         x = self.heads(h, depth)  # [depth, rows, hidden]: only the heads the proposal reads
         x = x.reshape(depth * len(ready), -1)
-        logits = self.head_logits(x)
-        ranked = self.rank(logits, depth, len(ready))
+        ranked = self.rank(self.head_top_tokens(x, self.width(depth)), depth, len(ready))
         for j, i in enumerate(ready):
             n = sizes[i]
             out[i] = Proposal(self.tree.tokens(ranked[j], n), None, self.parents(n))
