@@ -136,3 +136,52 @@ def test_a_restricted_draft_keeps_greedy_output_and_proposes_only_kept_tokens():
     assert 0 < sum(r.num_accepted for r in recs) < len(guesses)  # the odd tokens it cannot guess are rejected
     assert e.proposer.bm.num_free_blocks == e.proposer.bm.num_blocks
 
+
+
+@pytest.mark.skipif(not OK, reason=f"GGUF CPU kernels unavailable: {WHY}")
+def test_float_as_q8_0_rounds_each_block_to_its_own_scale():
+    """llama.cpp's Q8_0: per 32 weights d = max|w| / 127, codes round(w / d); a zero block stays zero."""
+    from minillm.quant.cpu_route import float_as_q8_0
+    from minillm.quant.gguf_linear import GGUFLinear
+
+    torch.manual_seed(2)
+    w = torch.randn(24, 96) * torch.logspace(-3, 1, 24)[:, None]  # rows on very different scales
+    w[5, 32:64] = 0.0
+    lin = GGUFLinear(96, [("Q8_0", float_as_q8_0(w))])
+    back = lin.dequantized_weight()
+    d = w.reshape(24, 3, 32).abs().amax(-1, keepdim=True) / 127
+    err = (back - w).reshape(24, 3, 32).abs()
+    stored = d.half().float()  # d is kept as fp16; the codes were rounded against the float d
+    assert (err <= 0.5 * d + 127 * (d - stored).abs() + 1e-7).all()  # half a step, plus d's fp16 rounding
+    assert torch.equal(back[5, 32:64], torch.zeros(32))
+    x = torch.randn(3, 96)
+    torch.testing.assert_close(lin(x), x @ back.t(), rtol=2e-2, atol=2e-2 * float(x.abs().max() * back.abs().sum(1).max()))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        float_as_q8_0(torch.randn(4, 40))
+
+
+@pytest.mark.skipif(not OK, reason=f"GGUF CPU kernels unavailable: {WHY}")
+def test_a_float_cpu_ranking_head_is_stored_as_q8_0(monkeypatch):
+    """The cut copy that ranks Medusa/Hydra/EAGLE guesses: Q8_0 blocks for a float32 CPU head (it only
+    ranks; the target verifies), its scores within Q8_0's error of the float rows; float where asked
+    (MINILLM_RANKING_HEAD=float) and where Q8_0 does not apply (bf16, K not a multiple of 32)."""
+    from minillm.quant.gguf_linear import GGUFLinear
+    from minillm.spec_decode.draft_vocab import RANKING_HEAD_ENV, q8_0_ranking_head, restricted_head
+
+    torch.manual_seed(3)
+    head = nn.Linear(64, 200, bias=False)
+    ids = torch.tensor([0, 7, 8, 50, 199])
+    assert q8_0_ranking_head(head)
+    cut = restricted_head(head, ids, 200, q8_0=True)
+    assert isinstance(cut.head, GGUFLinear) and cut.head.out_features == ids.numel()
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        exact = x @ head.weight[ids].t()
+        torch.testing.assert_close(cut.head(x), exact, rtol=0, atol=0.03 * float(exact.abs().max()))
+        assert torch.isin(cut.top_tokens(x, 2), ids).all()
+    monkeypatch.setenv(RANKING_HEAD_ENV, "float")
+    assert not q8_0_ranking_head(head)
+    monkeypatch.delenv(RANKING_HEAD_ENV)
+    assert not q8_0_ranking_head(nn.Linear(64, 200).bfloat16())
+    assert not q8_0_ranking_head(nn.Linear(48, 200))
+    assert type(restricted_head(head, ids, 200).head) is nn.Linear  # the default copy keeps the head's class

@@ -119,6 +119,19 @@ def int4_as_q4_1(codes: torch.Tensor, scale_zeros: torch.Tensor, group_size: int
     return blocks.reshape(n, -1).contiguous()
 
 
+def float_as_q8_0(weight: torch.Tensor) -> torch.Tensor:
+    """float [N, K] -> Q8_0 blocks [N, K/32 * 34] uint8, as llama.cpp quantizes a row: per 32 weights
+    d = max|w| / 127 (stored fp16), codes round(w / d) in [-127, 127]; a block of zeros gets d = 0."""
+    n, k = weight.shape
+    if k % 32:
+        raise ValueError(f"Q8_0 blocks need K to be a multiple of 32, got {k}")
+    w = weight.detach().float().reshape(n, k // 32, 32)
+    d = w.abs().amax(-1) / 127
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    codes = torch.round(w * inv[..., None]).clamp(-127, 127).to(torch.int8)
+    return torch.cat([_fp16_bytes(d), codes.view(torch.uint8)], dim=-1).reshape(n, -1).contiguous()
+
+
 def int8_as_q8_0(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """int8 [N, K] with one scale per row -> Q8_0 blocks [N, K/32 * 34] uint8 (fp16 d, 32 int8 codes)."""
     n, k = qweight.shape

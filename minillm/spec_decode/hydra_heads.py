@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minillm.models.layers import RMSNorm
 from minillm.spec_decode.medusa_heads import MedusaHeads, deeper_layers, run_layers
 
 
@@ -31,8 +32,10 @@ class HydraBlock(nn.Module):
 
     def __init__(self, hidden: int, layers: int = 1) -> None:
         super().__init__()
-        # the embedding table's rows are not on the hidden state's scale (and Gemma's are scaled up): normalise them
-        self.token_norm = nn.RMSNorm(hidden)
+        # the embedding table's rows are not on the hidden state's scale (and Gemma's are scaled up): normalise them.
+        # The model's RMSNorm with nn.RMSNorm's default eps (float32's): the same parameter and the same
+        # values, one C++ pass in eager float32 inference instead of PyTorch's chain of small ops
+        self.token_norm = RMSNorm(hidden, eps=torch.finfo(torch.float32).eps)
         self.linear = nn.Linear(2 * hidden, hidden)
         nn.init.zeros_(self.linear.weight)  # identity at the start, as a Medusa head
         nn.init.zeros_(self.linear.bias)

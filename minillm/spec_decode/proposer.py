@@ -121,10 +121,11 @@ def ranking_head(cfg: SpeculativeConfig, target, tokenizer):
     """With draft_vocab, a cut copy of the target's LM head that ranks a trained draft's guesses; else None."""
     if cfg.draft_vocab is None:
         return None
-    from minillm.spec_decode.draft_vocab import kept_tokens, restricted_head
+    from minillm.spec_decode.draft_vocab import kept_tokens, q8_0_ranking_head, restricted_head
 
     vocab = target.config.vocab_size
-    return restricted_head(target.lm_head, kept_tokens(tokenizer, vocab, cfg.draft_vocab), vocab)
+    return restricted_head(target.lm_head, kept_tokens(tokenizer, vocab, cfg.draft_vocab), vocab,
+                           q8_0=q8_0_ranking_head(target.lm_head))
 
 
 def make_eagle_proposer(cfg: SpeculativeConfig, runner, tokenizer) -> Proposer:
