@@ -4,6 +4,10 @@ import pytest
 from tests.helpers.engine_utils import greedy, random_prompts, run_to_completion, tiny_model
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
+from minillm.sampling_params import SamplingParams
+
+# log-prob gap (nats) under which two tokens count as tied when int8 K/V rounding tells them apart
+NEAR_TIE_INT8 = 0.02
 
 
 @pytest.mark.slow
@@ -11,20 +15,39 @@ from minillm.engine.llm_engine import LLMEngine
 def test_compiled_decode_matches_eager(kv_cache_dtype, capfd):
     model = tiny_model(heads=9, kv_heads=3, head_dim=16)
     prompts = random_prompts(5, 97, 2, 30, seed=7)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
 
     def go(compile):
         eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=128, kv_cache_dtype=kv_cache_dtype,
                                                       max_num_seqs=64, max_num_batched_tokens=32, compile=compile))
         for i, p in enumerate(prompts):
-            eng.add_request(str(i), p, greedy(12))
-        out = run_to_completion(eng)
-        return [out[str(i)] for i in range(len(prompts))]
+            eng.add_request(str(i), p, params)
+        done = {}
+        while eng.has_unfinished_requests():
+            for out in eng.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0]
+        return [done[str(i)] for i in range(len(prompts))]
 
     import torch._inductor.config as inductor_config
 
     with inductor_config.patch(force_disable_caches=True):  # a cache hit would skip autotuning, and its output
         compiled = go(True)
-    assert compiled == go(False)
+    eager = go(False)
+    if kv_cache_dtype == "auto":
+        assert [c.token_ids for c in compiled] == [e.token_ids for e in eager]
+    else:
+        # int8 K/V: the compiled step rounds slightly different K/V values to int8 codes (another sum order,
+        # and max-autotune picks each GEMM's kernel afresh here), so a near-tie may flip (1 run in 5 did).
+        # Where a text parts, both tokens must be the eager step's own top two, a hair apart.
+        for c, e in zip(compiled, eager):
+            if c.token_ids == e.token_ids:
+                continue
+            i = next(j for j, (a, b) in enumerate(zip(c.token_ids, e.token_ids)) if a != b)
+            lp = e.logprobs[i]
+            assert c.token_ids[i] in lp, (i, c.token_ids[i], lp)
+            assert lp[e.token_ids[i]] - lp[c.token_ids[i]] < NEAR_TIE_INT8, (i, lp)
+        assert sum(c.token_ids == e.token_ids for c, e in zip(compiled, eager)) >= len(prompts) - 1
     # max_autotune benchmarks each GEMM's candidates; issue 16: without printing a table per GEMM
     err = capfd.readouterr().err
     assert "AUTOTUNE" not in err and "Autotune Choices" not in err
