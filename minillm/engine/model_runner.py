@@ -20,6 +20,7 @@ from minillm.engine.config import EngineConfig
 from minillm.engine.cpu_memory import keep_freed_memory
 from minillm.engine.cuda_graphs import DecodeGraphs
 from minillm.engine.executor import Executor
+from minillm.engine.few_row_panels import PanelReport, pack_panels, panels_wanted
 from minillm.engine.huge_pages import HugePageReport, move_to_huge_pages
 from minillm.engine.kv_cache import KVCachePlan, KVCachePool, plan_kv_cache
 from minillm.kernels import prefill_attention_cpu as cpu_prefill
@@ -93,6 +94,9 @@ class ModelRunner(Executor):
                 model.use_k_major_weights()
         # each decode step streams every weight once: 2 MB pages spare the page walks (engine/huge_pages.py)
         self.huge_pages = move_to_huge_pages(model) if self.device.type == "cpu" else HugePageReport("not a CPU")
+        # verify steps of k + 1 rows read the body's weights again, packed in panels (engine/few_row_panels.py)
+        why_not = panels_wanted(model, config)
+        self.panels = PanelReport(skipped=why_not) if why_not else pack_panels(model)
         self.backend = make_attention_backend(config.backend_for(self.device))
         graphs = use_cuda_graphs(config, self.device) if graphs is None else graphs
         self.moe_blocks = moe_blocks(model)

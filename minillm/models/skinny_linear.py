@@ -65,9 +65,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from minillm.kernels import mkl_packed, skinny_cpu, tiled_cpu
+from minillm.kernels import mkl_packed, panel_cpu, skinny_cpu, tiled_cpu
 
 MAX_ROWS = 512  # measured faster up to 256 rows on every layer shape of the default model
+PANEL_ROWS = range(4, 9)  # rows that read a layer's panels where it has them (engine/few_row_panels.py: 1-3 measured level)
 OUT_BLOCK = 4096  # output rows per product of a wide layer (the module docstring's measurement)
 
 
@@ -100,9 +101,31 @@ class SkinnyLinear(nn.Linear):
     # product to it took 1.1-1.3 ms against 0.08 row-major, and writing row-major costs the kernel about
     # nothing (2-vCPU Zen 5, 2,048 rows, product plus add: o_proj 4.85 -> 3.64 ms, down 11.1 -> 10.6 ms)
     read_by_residual_add: bool = False
+    # the weight again in panels of 32 outputs (kernels/panel_cpu.py), for PANEL_ROWS rows; packed by
+    # engine/few_row_panels.py where an engine's steps multiply a few rows (speculative verify)
+    panels: torch.Tensor | None = None
+    _panel_key: tuple[int, int] | None = None  # the weight's (address, version) the panels were packed from
+
+    def set_panels(self, panels: torch.Tensor) -> None:
+        self.panels = panels
+        self._panel_key = (self.weight.data_ptr(), self.weight._version)
+
+    def panels_current(self) -> bool:
+        """Whether the panels hold the weight as it is now; stale ones (the weight replaced or written
+        since) are dropped."""
+        if self.panels is None:
+            return False
+        if self._panel_key != (self.weight.data_ptr(), self.weight._version):
+            self.panels, self._panel_key = None, None
+            return False
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.numel() else 0
+        if (self.panels is not None and rows in PANEL_ROWS and x.dtype == torch.float32 and self.panels_current()
+                and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
+            y = panel_cpu.linear(x.reshape(rows, x.shape[-1]), self.panels, self.bias, self.out_features)
+            return y.reshape(*x.shape[:-1], self.out_features)
         # the kernels have no autograd formula: a forward that records a graph (training heads through
         # the frozen LM head) takes F.linear, whose gradient is exact
         records = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
