@@ -53,7 +53,9 @@ def test_kernel_equals_sdpa(length, kv_heads, group, dim_vectors, seed):
     assert cpu_prefill.applies(q, k)
     got, want = cpu_prefill.causal(q, k, v, scale), sdpa(q, k, v, scale)
     assert got.shape == want.shape and got.is_contiguous()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # atol 5e-5: outputs reach ~7 (inputs scaled by 2) and float32 sums over 257 keys in another order differ by
+    # up to 1.6e-5 (200 seeds; one example at 1.06e-5 failed 1e-5); a key the mask lets through costs ~0.1-1
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=5e-5)
 
 
 def test_a_query_sees_no_later_key():
