@@ -40,10 +40,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from minillm.engine.cpu_memory import release_freed_memory
+
 HUGE_PAGES_ENV = "MINILLM_HUGE_PAGES"
 HUGE_PAGE = 2 << 20
 ALIGN = 4096  # each tensor starts on its own 4 KB page inside the mapping
 MIN_BYTES = 64 << 10  # smaller tensors (norm weights, biases) stay where they are
+RELEASE_EVERY = 512 << 20  # bytes moved between two hand-backs of the freed heap (move_to_huge_pages)
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 MADV_COLLAPSE = 25  # Linux 6.1+: collapse a range's pages into huge pages now, in place
 _arenas: list[tuple[weakref.ref, int, int]] = []  # this process's mappings: (mmap, start, end), alive while used
@@ -187,27 +190,39 @@ def move_to_huge_pages(model: nn.Module) -> HugePageReport:
     arena = huge_page_empty(end)
     if arena is None:
         return HugePageReport(mode, already=sum(already.values()))
-    nbytes = sum(t.untyped_storage().nbytes() for t in tensors.values())
-    moved: dict[int, torch.Tensor] = {}  # storage address -> its new flat bytes
-    for ptr, t in tensors.items():
-        n = t.untyped_storage().nbytes()
-        old = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
-        moved[ptr] = arena[offsets[ptr] : offsets[ptr] + n]
-        moved[ptr].copy_(old)
-
-    def copy_of(t: torch.Tensor) -> torch.Tensor | None:
-        flat = moved.get(t.untyped_storage().data_ptr()) if _movable(t) else None
-        return None if flat is None else flat.view(t.dtype).as_strided(t.size(), t.stride())
-
+    count, nbytes = len(tensors), sum(t.untyped_storage().nbytes() for t in tensors.values())
+    # who points at each storage: its Parameters (tied weights: one object) and (module, name) buffer slots
+    params: dict[int, list[nn.Parameter]] = {}
+    for prm in model.parameters():
+        if _movable(prm) and prm.untyped_storage().data_ptr() in tensors:
+            params.setdefault(prm.untyped_storage().data_ptr(), []).append(prm)
+    slots: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, b in module._buffers.items():
+            if b is not None and _movable(b) and b.untyped_storage().data_ptr() in tensors:
+                slots.setdefault(b.untyped_storage().data_ptr(), []).append((module, name))
+    # one storage at a time, each old copy freed as soon as nothing points at it, and the freed heap handed
+    # back every RELEASE_EVERY bytes: the move's peak is the model plus a little, not the model twice
+    since_release = 0
     with torch.no_grad():
-        for p in model.parameters():  # each Parameter once: tied weights stay one object
-            if (new := copy_of(p)) is not None:
-                p.data = new
-        for module in model.modules():
-            for name, b in module._buffers.items():
-                if b is not None and (new := copy_of(b)) is not None:
-                    module._buffers[name] = new
-    report = HugePageReport(mode, len(tensors), nbytes, huge_page_bytes_in([(arena.data_ptr(), arena.data_ptr() + end)]), sum(already.values()))
+        for ptr in list(tensors):
+            t = tensors.pop(ptr)
+            n = t.untyped_storage().nbytes()
+            flat = arena[offsets[ptr] : offsets[ptr] + n]
+            flat.copy_(torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()))
+            b = prm = None
+            for prm in params.pop(ptr, []):
+                prm.data = flat.view(prm.dtype).as_strided(prm.size(), prm.stride())
+            for module, name in slots.pop(ptr, []):
+                b = module._buffers[name]
+                module._buffers[name] = flat.view(b.dtype).as_strided(b.size(), b.stride())
+            t = b = prm = flat = None  # this loop's references to the old copy
+            since_release += n
+            if since_release >= RELEASE_EVERY:
+                release_freed_memory()
+                since_release = 0
+    release_freed_memory()
+    report = HugePageReport(mode, count, nbytes, huge_page_bytes_in([(arena.data_ptr(), arena.data_ptr() + end)]), sum(already.values()))
     _done["moved"] += report.bytes
     _done["moved_huge"] += report.huge_bytes
     return report

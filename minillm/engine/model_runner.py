@@ -17,7 +17,7 @@ from minillm.attention.registry import make_attention_backend
 from minillm.engine.batch import StepBatch
 from minillm.engine.compile import frozen_compile, mark_pool_static
 from minillm.engine.config import EngineConfig
-from minillm.engine.cpu_memory import keep_freed_memory
+from minillm.engine.cpu_memory import keep_freed_memory, release_freed_memory
 from minillm.engine.cuda_graphs import DecodeGraphs
 from minillm.engine.executor import Executor
 from minillm.engine.few_row_panels import PanelReport, pack_panels, panels_wanted
@@ -97,6 +97,8 @@ class ModelRunner(Executor):
         # verify steps of k + 1 rows read the body's weights again, packed in panels (engine/few_row_panels.py)
         why_not = panels_wanted(model, config)
         self.panels = PanelReport(skipped=why_not) if why_not else pack_panels(model)
+        if self.device.type == "cpu":
+            release_freed_memory()  # the weights' old copies, freed by the moves above, back to the OS
         self.backend = make_attention_backend(config.backend_for(self.device))
         graphs = use_cuda_graphs(config, self.device) if graphs is None else graphs
         self.moe_blocks = moe_blocks(model)
