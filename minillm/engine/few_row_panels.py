@@ -31,6 +31,7 @@ from torch import nn
 
 from minillm.engine.huge_pages import huge_page_empty, huge_pages_enabled
 from minillm.kernels import panel_cpu
+from minillm.roofline.machine import meminfo_bytes
 
 PANELS_ENV = "MINILLM_PANELS"  # "0": never; "1": every eager float32 CPU engine; unset: speculative engines
 
@@ -74,26 +75,15 @@ def body_linears(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.layers.modules() if isinstance(m, SkinnyLinear) and m.weight.dtype == torch.float32]
 
 
-def available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes, or None where there is none."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def pack_panels(model: nn.Module) -> PanelReport:
     """Pack each decoder-layer SkinnyLinear's weight into panels (one 2 MB-page arena for all of them
     where the machine has huge pages: each verify step streams them)."""
-    todo = [m for m in body_linears(model) if not m.panels_current()]
-    already = len(body_linears(model)) - len(todo)
+    body = body_linears(model)
+    todo = [m for m in body if not m.panels_current()]
+    already = len(body) - len(todo)
     sizes = [-(-m.out_features // panel_cpu.PANEL) * panel_cpu.PANEL * m.in_features * 4 for m in todo]
     total = sum(sizes)
-    free = available_memory()
+    free = meminfo_bytes("MemAvailable")
     if total and free is not None and 4 * total > free:
         return PanelReport(skipped=f"the copy ({total / 2**20:.0f} MiB) would take over a quarter of the "
                                    f"{free / 2**20:.0f} MiB available")
@@ -106,5 +96,5 @@ def pack_panels(model: nn.Module) -> PanelReport:
             out = arena[offset : offset + nbytes].view(torch.float32)
             m.set_panels(panel_cpu.pack(m.weight, out=out).view(-1, m.in_features, panel_cpu.PANEL))
             offset += nbytes
-    done = sum(m.panels.numel() * 4 for m in body_linears(model) if m.panels is not None)
+    done = sum(m.panels.numel() * 4 for m in body if m.panels is not None)
     return PanelReport(layers=len(todo), already=already, nbytes=done)

@@ -42,11 +42,12 @@ def cpu_flags() -> set[str]:
     return set(_cpu_model_and_flags()[1])
 
 
-def _memory_bytes() -> int | None:
+def meminfo_bytes(field: str) -> int | None:
+    """A /proc/meminfo field ("MemTotal", "MemAvailable") in bytes, or None where there is none."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemTotal:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -109,7 +110,7 @@ def machine_info(device: str | torch.device = "cpu") -> MachineInfo:
         cpu_flags=flags,
         logical_cpus=os.cpu_count() or 1,
         torch_threads=torch.get_num_threads(),
-        memory_bytes=_memory_bytes(),
+        memory_bytes=meminfo_bytes("MemTotal"),
         device=dev_str,
         device_name=dev_name,
         versions=versions,
