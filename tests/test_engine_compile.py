@@ -76,12 +76,28 @@ def test_compiled_engine_keeps_the_lm_head_row_major_for_the_few_row_kernel(layo
         assert all(m.weight.is_contiguous() for m in body)
 
 
-def test_the_compiled_body_layout_is_k_major_unless_the_variable_says_otherwise(monkeypatch):
+def test_the_compiled_body_layout_follows_the_tiled_kernel_unless_the_variable_says_otherwise(monkeypatch):
+    # row-major where the tiled kernel out-runs MKL at prefill's row counts (its prefill then runs the
+    # kernel), K-major where MKL keeps those rows or the kernel did not load; the variable overrides both
     from minillm.engine import model_runner
+    from minillm.kernels import tiled_cpu
 
     monkeypatch.delenv("MINILLM_COMPILED_BODY", raising=False)
+    everywhere = tiled_cpu.RowLimits(narrow_max=None, wide_max=None, why="test")
+    intel = tiled_cpu.RowLimits(narrow_max=0, wide_max=64, why="test")
+    monkeypatch.setattr(tiled_cpu, "available", lambda: True)
+    monkeypatch.setattr(tiled_cpu, "row_limits", lambda: everywhere)
+    assert model_runner.compiled_body_layout() == "row-major"
+    monkeypatch.setattr(tiled_cpu, "row_limits", lambda: intel)
+    assert model_runner.compiled_body_layout() == "k-major"
+    monkeypatch.setattr(tiled_cpu, "row_limits", lambda: everywhere)
+    monkeypatch.setattr(tiled_cpu, "available", lambda: False)
+    assert model_runner.compiled_body_layout() == "k-major"
+    monkeypatch.setenv("MINILLM_COMPILED_BODY", "k-major")
+    monkeypatch.setattr(tiled_cpu, "available", lambda: True)
     assert model_runner.compiled_body_layout() == "k-major"
     monkeypatch.setenv("MINILLM_COMPILED_BODY", "row-major")
+    monkeypatch.setattr(tiled_cpu, "row_limits", lambda: intel)
     assert model_runner.compiled_body_layout() == "row-major"
     monkeypatch.setenv("MINILLM_COMPILED_BODY", "column")
     with pytest.raises(ValueError, match="MINILLM_COMPILED_BODY must be one of"):

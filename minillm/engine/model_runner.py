@@ -56,17 +56,23 @@ COMPILED_BODY_LAYOUTS = ("row-major", "k-major")
 
 
 def compiled_body_layout() -> str:
-    """How a compiled float32 CPU engine stores its layers' weights: "k-major" (inductor's own code on
-    transposed weights; the default) or "row-major" (nn.Linear's: decode steps of up to 32 rows call
-    the few-row kernel inside the graph; MINILLM_COMPILED_BODY=row-major). Measured on a 2-vCPU Xeon,
-    two engines interleaved in one process, same tokens: row-major ran batch 8 x1.21-1.23 faster (41.4
-    -> 34.0 ms a step), batch 1 and 48 level (x0.92-1.08 over five runs); but `bench latency --compile`,
-    one engine per process, alternated, put its 1,024-token prefill 12-18% behind (1,430-1,507 against
-    1,252-1,313 ms) and batch 1 0-6% behind. On a 2-core EPYC (Zen 4) K-major ran batch 1 x1.12
-    faster (17.7 against 19.9 ms) and lost batch 4 (33.5 against 20.2 ms). So K-major stays the
-    default: batch 1 and prefill are what a compiled engine is for; row-major is the choice for
-    small batches (a few users, speculative verify steps)."""
-    layout = os.environ.get(COMPILED_BODY_ENV, "k-major")
+    """How a compiled float32 CPU engine stores its layers' weights: "row-major" (nn.Linear's: decode steps
+    of up to 32 rows call the few-row kernel inside the graph, eager prefill chunks the tiled kernel) or
+    "k-major" (inductor's own GEMV and GEMM code on transposed weights). MINILLM_COMPILED_BODY names one;
+    by default the CPU decides, through the tiled kernel's start-up timing (kernels/tiled_cpu.outruns_mkl).
+
+    Batch-1 decode is level either way (each reads every weight once, at the bus's speed). Prefill is
+    not: row-major prefill runs the tiled kernel where it out-runs MKL at 512 rows, and MKL's sgemm on
+    nn.Linear's layout elsewhere, which lost to K-major. Measured, two engines on two copies interleaved
+    in one process: a 2-vCPU Zen 5 (the tiled kernel 1.25x MKL or more) put row-major's 1,024-token
+    prefill at 953 against 1,534 ms (x1.61 paired, six runs) and its decode step level (x0.996); a
+    2-vCPU Xeon, where MKL wins, put it 12-18% behind. Row-major also runs small batches faster (a few
+    users, speculative verify steps: batch 8 x1.21-1.23 on the Xeon)."""
+    layout = os.environ.get(COMPILED_BODY_ENV)
+    if layout is None:
+        from minillm.kernels import tiled_cpu
+
+        return "row-major" if tiled_cpu.available() and tiled_cpu.row_limits().narrow_max is None else "k-major"
     if layout not in COMPILED_BODY_LAYOUTS:
         raise ValueError(f"{COMPILED_BODY_ENV} must be one of {COMPILED_BODY_LAYOUTS}, got {layout!r}")
     return layout
