@@ -176,7 +176,14 @@ class ModelRunner(Executor):
         compute_logits = self.model.compute_logits
         if self.compiled_logits is not None and len(batch.logit_rows) == 1:
             compute_logits = self.compiled_logits
-        self.last_hidden = hidden[torch.tensor(batch.logit_rows, device=dev)]  # Medusa's heads read them
+        # usually a run of consecutive rows (every decode row): a view, no gather -- except of a CUDA
+        # graph's output, a buffer the next replay overwrites while proposers still read last_hidden
+        rows = batch.logit_rows
+        if (self.decode_graphs is None and rows[-1] - rows[0] == len(rows) - 1
+                and all(b == a + 1 for a, b in zip(rows, rows[1:]))):
+            self.last_hidden = hidden[rows[0] : rows[-1] + 1]  # Medusa's heads read them
+        else:
+            self.last_hidden = hidden[torch.tensor(rows, device=dev)]
         extra = self.logit_extras(self.last_hidden) if self.logit_extras is not None else None
         if extra is None:
             return compute_logits(self.last_hidden)
