@@ -127,7 +127,7 @@ class LlamaForCausalLM(nn.Module):
         At batch 1 each linear is a matrix-vector product that streams the weight
         once; inductor's code reads a K-major weight faster than the row-major one
         nn.Linear uses, while batched matmuls run the same: a compiled float32 CPU
-        engine's default (engine/model_runner.compiled_body_layout). Values,
+        engine's layout where MKL multiplies prefill (engine/model_runner.compiled_body_layout). Values,
         shapes and names are unchanged. The embedding and the LM head keep their
         layout: a lookup reads whole rows, and the head runs outside the compiled
         step, where the few-row kernel reads a row-major weight fastest

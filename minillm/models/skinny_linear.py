@@ -52,10 +52,10 @@ and from 33 rows on everything else takes MKL's sgemm on a weight it packed once
 Values are the same products (each output a dot product over `in`), only the
 kernel differs (and so the order of the float sums). Used in eager mode, for the
 LM head of a compiled engine (it runs outside the compiled step), and inside a
-compiled decode step of up to 32 rows where the layers stay row-major
-(MINILLM_COMPILED_BODY=row-major; engine/model_runner.compiled_body_layout says
-why K-major, inductor's own code, is the default). Other dtypes and devices use
-F.linear.
+compiled decode step of up to 32 rows where the layers stay row-major (the
+default where the tiled kernel out-runs MKL at prefill's row counts, else K-major
+for inductor's own code; engine/model_runner.compiled_body_layout says why).
+Other dtypes and devices use F.linear.
 """
 from __future__ import annotations
 
