@@ -142,3 +142,41 @@ def test_a_row_major_compiled_step_calls_the_few_row_kernel_and_matches_eager(la
         assert traced and set(traced) <= {1, 2, 3}  # the graphs' decode rows: the few-row kernel's case
     else:
         assert not traced
+
+
+@pytest.mark.slow
+def test_a_compiled_graph_of_more_rows_than_its_limit_leaves_the_product_to_inductor(monkeypatch):
+    """Row-major layers: graphs of up to GRAPH_MAX_ROWS decode rows call the few-row kernel, larger ones
+    F.linear (inductor's GEMM ran faster there); the tokens stay the eager engine's."""
+    import torch
+
+    from minillm.kernels import skinny_cpu
+    from minillm.models import skinny_linear
+
+    if not skinny_cpu.available():
+        pytest.skip("the few-row kernel could not be built here")
+    monkeypatch.setenv("MINILLM_COMPILED_BODY", "row-major")
+    monkeypatch.setattr(skinny_linear, "GRAPH_MAX_ROWS", 2)
+    traced = []
+    real = skinny_cpu.linear
+
+    def counting(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            traced.append(args[0].shape[0])
+        return real(*args, **kwargs)
+
+    prompts = random_prompts(3, 97, 4, 20, seed=12)
+
+    def go(compile):
+        model = tiny_model(heads=4, kv_heads=2, head_dim=16, seed=4)
+        eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=8,
+                                                      max_num_batched_tokens=64, compile=compile))
+        for i, p in enumerate(prompts):  # decode batches of 3, 2 and 1 rows as the requests finish
+            eng.add_request(str(i), p, greedy(4 + 4 * i))
+        out = run_to_completion(eng)
+        return [out[str(i)] for i in range(len(prompts))]
+
+    eager = go(False)
+    monkeypatch.setattr(skinny_cpu, "linear", counting)
+    assert go(True) == eager
+    assert set(traced) == {1, 2}  # the 3-row graph multiplied without the kernel

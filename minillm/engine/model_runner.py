@@ -57,7 +57,7 @@ COMPILED_BODY_LAYOUTS = ("row-major", "k-major")
 
 def compiled_body_layout() -> str:
     """How a compiled float32 CPU engine stores its layers' weights: "row-major" (nn.Linear's: decode steps
-    of up to 32 rows call the few-row kernel inside the graph, eager prefill chunks the tiled kernel) or
+    of up to 16 rows call the few-row kernel inside the graph, eager prefill chunks the tiled kernel) or
     "k-major" (inductor's own GEMV and GEMM code on transposed weights). MINILLM_COMPILED_BODY names one;
     by default the CPU decides, through the tiled kernel's start-up timing (kernels/tiled_cpu.outruns_mkl).
 

@@ -52,7 +52,7 @@ and from 33 rows on everything else takes MKL's sgemm on a weight it packed once
 Values are the same products (each output a dot product over `in`), only the
 kernel differs (and so the order of the float sums). Used in eager mode, for the
 LM head of a compiled engine (it runs outside the compiled step), and inside a
-compiled decode step of up to 32 rows where the layers stay row-major (the
+compiled decode step of up to 16 rows (GRAPH_MAX_ROWS) where the layers stay row-major (the
 default where the tiled kernel out-runs MKL at prefill's row counts, else K-major
 for inductor's own code; engine/model_runner.compiled_body_layout says why).
 Other dtypes and devices use F.linear.
@@ -160,13 +160,21 @@ class SkinnyLinear(nn.Linear):
 
     def _traced_forward(self, x: torch.Tensor, x2: torch.Tensor, rows: int | torch.SymInt) -> torch.Tensor:
         """Inside a compiled decode step: the few-row kernel as a custom op where the graph's row count is
-        a constant (a decode graph is specialised per batch size), else F.linear for inductor to plan (a
+        a constant of at most GRAPH_MAX_ROWS (a decode graph is specialised per batch size), else F.linear for inductor to plan (a
         symbolic count would make the kernel's row limit a guard of the graph). What this wins and loses
         against K-major weights: engine/model_runner.compiled_body_layout. The tiled kernel stays out:
         at 48 rows its graphs ran 12% slower (2-vCPU Xeon, two engines interleaved in one process)."""
-        if isinstance(rows, int) and skinny_cpu.applies(rows, x2, self.weight):
+        if isinstance(rows, int) and rows <= GRAPH_MAX_ROWS and skinny_cpu.applies(rows, x2, self.weight):
             return skinny_cpu.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
+
+
+# Most rows a compiled graph gives the few-row kernel; beyond, inductor's GEMM (frozen weights, packed its
+# own way). Decode steps of row-major compiled engines on a 2-vCPU Zen 5, ms against K-major (inductor
+# throughout), alternated in one process: 8 rows 16.5 / 20.4, 12 rows 22.1 / 23.1, 16 rows 27.3 / 27.8,
+# but 24 rows 41.1 / 31.5 and 32 rows 50.5 / 38.6; handed to inductor, 24 and 32 rows ran 32.6 / 33.8
+# and 37.2 / 38.5.
+GRAPH_MAX_ROWS = 16
 
 
 def blocked_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
