@@ -104,40 +104,48 @@ def test_the_compiled_body_layout_follows_the_tiled_kernel_unless_the_variable_s
         model_runner.compiled_body_layout()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("layout", ["k-major", "row-major"])
-def test_a_row_major_compiled_step_calls_the_few_row_kernel_and_matches_eager(layout, monkeypatch):
-    """Row-major layers: a decode graph of a constant few rows calls the kernel's op (counted while Dynamo
-    traces), K-major ones never; both give the eager engine's greedy tokens."""
+def rows_given_to_the_few_row_kernel(monkeypatch, seed: int, max_tokens: list[int]) -> list[int]:
+    """Three prompts run eagerly and compiled on a tiny model: asserts the same greedy tokens, and returns
+    the row counts of the few-row kernel's calls that Dynamo put into graphs (counted while it traces; not
+    eager prefill or the LM head)."""
     import torch
 
     from minillm.kernels import skinny_cpu
 
     if not skinny_cpu.available():
         pytest.skip("the few-row kernel could not be built here")
-    monkeypatch.setenv("MINILLM_COMPILED_BODY", layout)
     traced = []
     real = skinny_cpu.linear
 
     def counting(*args, **kwargs):
-        if torch.compiler.is_compiling():  # a call Dynamo puts into a graph (not eager prefill or the LM head)
+        if torch.compiler.is_compiling():
             traced.append(args[0].shape[0])
         return real(*args, **kwargs)
 
-    prompts = random_prompts(3, 97, 4, 20, seed=11)
+    prompts = random_prompts(3, 97, 4, 20, seed=seed)
 
     def go(compile):
-        model = tiny_model(heads=4, kv_heads=2, head_dim=16, seed=3)
+        model = tiny_model(heads=4, kv_heads=2, head_dim=16, seed=seed)
         eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=8,
                                                       max_num_batched_tokens=64, compile=compile))
-        for i, p in enumerate(prompts):
-            eng.add_request(str(i), p, greedy(8))
+        for i, (p, n) in enumerate(zip(prompts, max_tokens)):
+            eng.add_request(str(i), p, greedy(n))
         out = run_to_completion(eng)
         return [out[str(i)] for i in range(len(prompts))]
 
     eager = go(False)
     monkeypatch.setattr(skinny_cpu, "linear", counting)
     assert go(True) == eager
+    return traced
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["k-major", "row-major"])
+def test_a_row_major_compiled_step_calls_the_few_row_kernel_and_matches_eager(layout, monkeypatch):
+    """Row-major layers: a decode graph of a constant few rows calls the kernel's op, K-major ones never;
+    both give the eager engine's greedy tokens."""
+    monkeypatch.setenv("MINILLM_COMPILED_BODY", layout)
+    traced = rows_given_to_the_few_row_kernel(monkeypatch, seed=11, max_tokens=[8, 8, 8])
     if layout == "row-major":
         assert traced and set(traced) <= {1, 2, 3}  # the graphs' decode rows: the few-row kernel's case
     else:
@@ -148,35 +156,10 @@ def test_a_row_major_compiled_step_calls_the_few_row_kernel_and_matches_eager(la
 def test_a_compiled_graph_of_more_rows_than_its_limit_leaves_the_product_to_inductor(monkeypatch):
     """Row-major layers: graphs of up to GRAPH_MAX_ROWS decode rows call the few-row kernel, larger ones
     F.linear (inductor's GEMM ran faster there); the tokens stay the eager engine's."""
-    import torch
-
-    from minillm.kernels import skinny_cpu
     from minillm.models import skinny_linear
 
-    if not skinny_cpu.available():
-        pytest.skip("the few-row kernel could not be built here")
     monkeypatch.setenv("MINILLM_COMPILED_BODY", "row-major")
     monkeypatch.setattr(skinny_linear, "GRAPH_MAX_ROWS", 2)
-    traced = []
-    real = skinny_cpu.linear
-
-    def counting(*args, **kwargs):
-        if torch.compiler.is_compiling():
-            traced.append(args[0].shape[0])
-        return real(*args, **kwargs)
-
-    prompts = random_prompts(3, 97, 4, 20, seed=12)
-
-    def go(compile):
-        model = tiny_model(heads=4, kv_heads=2, head_dim=16, seed=4)
-        eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=8,
-                                                      max_num_batched_tokens=64, compile=compile))
-        for i, p in enumerate(prompts):  # decode batches of 3, 2 and 1 rows as the requests finish
-            eng.add_request(str(i), p, greedy(4 + 4 * i))
-        out = run_to_completion(eng)
-        return [out[str(i)] for i in range(len(prompts))]
-
-    eager = go(False)
-    monkeypatch.setattr(skinny_cpu, "linear", counting)
-    assert go(True) == eager
+    # decode batches of 3, 2 and 1 rows as the requests finish
+    traced = rows_given_to_the_few_row_kernel(monkeypatch, seed=12, max_tokens=[4, 8, 12])
     assert set(traced) == {1, 2}  # the 3-row graph multiplied without the kernel
