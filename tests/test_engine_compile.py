@@ -83,21 +83,21 @@ def test_the_compiled_body_layout_follows_the_tiled_kernel_unless_the_variable_s
     from minillm.kernels import tiled_cpu
 
     monkeypatch.delenv("MINILLM_COMPILED_BODY", raising=False)
-    everywhere = tiled_cpu.RowLimits(narrow_max=None, wide_max=None, why="test")
-    intel = tiled_cpu.RowLimits(narrow_max=0, wide_max=64, why="test")
-    monkeypatch.setattr(tiled_cpu, "available", lambda: True)
-    monkeypatch.setattr(tiled_cpu, "row_limits", lambda: everywhere)
+    monkeypatch.delenv("MINILLM_TILED", raising=False)
+    measured = tiled_cpu.outruns_mkl.__wrapped__  # the timing itself, not this process's cached answer
+    monkeypatch.setattr(tiled_cpu, "outruns_mkl", lambda: True)
     assert model_runner.compiled_body_layout() == "row-major"
-    monkeypatch.setattr(tiled_cpu, "row_limits", lambda: intel)
+    monkeypatch.setattr(tiled_cpu, "outruns_mkl", lambda: False)
     assert model_runner.compiled_body_layout() == "k-major"
-    monkeypatch.setattr(tiled_cpu, "row_limits", lambda: everywhere)
+    # the kernel missing: the real timing says no without measuring
     monkeypatch.setattr(tiled_cpu, "available", lambda: False)
+    monkeypatch.setattr(tiled_cpu, "outruns_mkl", measured)
     assert model_runner.compiled_body_layout() == "k-major"
     monkeypatch.setenv("MINILLM_COMPILED_BODY", "k-major")
-    monkeypatch.setattr(tiled_cpu, "available", lambda: True)
+    monkeypatch.setattr(tiled_cpu, "outruns_mkl", lambda: True)
     assert model_runner.compiled_body_layout() == "k-major"
     monkeypatch.setenv("MINILLM_COMPILED_BODY", "row-major")
-    monkeypatch.setattr(tiled_cpu, "row_limits", lambda: intel)
+    monkeypatch.setattr(tiled_cpu, "outruns_mkl", lambda: False)
     assert model_runner.compiled_body_layout() == "row-major"
     monkeypatch.setenv("MINILLM_COMPILED_BODY", "column")
     with pytest.raises(ValueError, match="MINILLM_COMPILED_BODY must be one of"):

@@ -152,13 +152,11 @@ class KVCachePool:
         attributes (another pool or a calibration walk may have re-pointed them), over the layer list
         kept from the last bind rather than one rebuilt from the model's modules every step.
         """
-        if self._bound_model is model:
-            layers = self._bound_layers
-        else:
-            layers = list(zip(model.attention_layers(), self.k_caches, self.v_caches, self.k_scales, self.v_scales))
-        if all(a.k_cache is k and a.backend is backend for a, k, _, _, _ in layers):
-            self._bound_model, self._bound_layers = model, layers
+        if self._bound_model is not model:
+            self._bound_model = model
+            self._bound_layers = list(zip(model.attention_layers(), self.k_caches, self.v_caches,
+                                          self.k_scales, self.v_scales))
+        if all(a.k_cache is k and a.backend is backend for a, k, _, _, _ in self._bound_layers):
             return
-        for attn, k, v, ks, vs in layers:
+        for attn, k, v, ks, vs in self._bound_layers:
             attn.k_cache, attn.v_cache, attn.k_scale, attn.v_scale, attn.backend = k, v, ks, vs, backend
-        self._bound_model, self._bound_layers = model, layers

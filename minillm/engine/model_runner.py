@@ -72,7 +72,7 @@ def compiled_body_layout() -> str:
     if layout is None:
         from minillm.kernels import tiled_cpu
 
-        return "row-major" if tiled_cpu.available() and tiled_cpu.row_limits().narrow_max is None else "k-major"
+        return "row-major" if tiled_cpu.outruns_mkl() else "k-major"  # False where the kernel did not build
     if layout not in COMPILED_BODY_LAYOUTS:
         raise ValueError(f"{COMPILED_BODY_ENV} must be one of {COMPILED_BODY_LAYOUTS}, got {layout!r}")
     return layout
@@ -179,9 +179,8 @@ class ModelRunner(Executor):
         # usually a run of consecutive rows (every decode row): a view, no gather -- except of a CUDA
         # graph's output, a buffer the next replay overwrites while proposers still read last_hidden
         rows = batch.logit_rows
-        if (self.decode_graphs is None and rows[-1] - rows[0] == len(rows) - 1
-                and all(b == a + 1 for a, b in zip(rows, rows[1:]))):
-            self.last_hidden = hidden[rows[0] : rows[-1] + 1]  # Medusa's heads read them
+        if self.decode_graphs is None and rows == list(range(rows[0], rows[0] + len(rows))):
+            self.last_hidden = hidden[rows[0] : rows[0] + len(rows)]  # Medusa's heads read them
         else:
             self.last_hidden = hidden[torch.tensor(rows, device=dev)]
         extra = self.logit_extras(self.last_hidden) if self.logit_extras is not None else None

@@ -70,6 +70,12 @@ from minillm.kernels import mkl_packed, panel_cpu, skinny_cpu, tiled_cpu
 MAX_ROWS = 512  # measured faster up to 256 rows on every layer shape of the default model
 PANEL_ROWS = range(4, 9)  # rows that read a layer's panels where it has them (engine/few_row_panels.py: 1-3 measured level)
 OUT_BLOCK = 4096  # output rows per product of a wide layer (the module docstring's measurement)
+# Most rows a compiled graph gives the few-row kernel; beyond, inductor's GEMM (frozen weights, packed its
+# own way). Decode steps of row-major compiled engines on a 2-vCPU Zen 5, ms against K-major (inductor
+# throughout), alternated in one process: 8 rows 16.5 / 20.4, 12 rows 22.1 / 23.1, 16 rows 27.3 / 27.8,
+# but 24 rows 41.1 / 31.5 and 32 rows 50.5 / 38.6; handed to inductor, 24 and 32 rows ran 32.6 / 33.8
+# and 37.2 / 38.5.
+GRAPH_MAX_ROWS = 16
 
 
 @functools.cache
@@ -160,21 +166,13 @@ class SkinnyLinear(nn.Linear):
 
     def _traced_forward(self, x: torch.Tensor, x2: torch.Tensor, rows: int | torch.SymInt) -> torch.Tensor:
         """Inside a compiled decode step: the few-row kernel as a custom op where the graph's row count is
-        a constant of at most GRAPH_MAX_ROWS (a decode graph is specialised per batch size), else F.linear for inductor to plan (a
-        symbolic count would make the kernel's row limit a guard of the graph). What this wins and loses
+        a constant of at most GRAPH_MAX_ROWS (a decode graph is specialised per batch size), else F.linear
+        for inductor to plan (a symbolic count would make the kernel's row limit a guard of the graph). What this wins and loses
         against K-major weights: engine/model_runner.compiled_body_layout. The tiled kernel stays out:
         at 48 rows its graphs ran 12% slower (2-vCPU Xeon, two engines interleaved in one process)."""
         if isinstance(rows, int) and rows <= GRAPH_MAX_ROWS and skinny_cpu.applies(rows, x2, self.weight):
             return skinny_cpu.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
-
-
-# Most rows a compiled graph gives the few-row kernel; beyond, inductor's GEMM (frozen weights, packed its
-# own way). Decode steps of row-major compiled engines on a 2-vCPU Zen 5, ms against K-major (inductor
-# throughout), alternated in one process: 8 rows 16.5 / 20.4, 12 rows 22.1 / 23.1, 16 rows 27.3 / 27.8,
-# but 24 rows 41.1 / 31.5 and 32 rows 50.5 / 38.6; handed to inductor, 24 and 32 rows ran 32.6 / 33.8
-# and 37.2 / 38.5.
-GRAPH_MAX_ROWS = 16
 
 
 def blocked_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
