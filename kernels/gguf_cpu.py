@@ -100,8 +100,9 @@ def clear_stale_lock(build_dir: Path, max_age_s: float = STALE_LOCK_S) -> bool:
 
 
 @functools.cache
-def build_extension(source: Path, prefix: str, label: str, flags: tuple[str, ...]) -> None:
-    """Compile one C++ source that registers torch ops (once per source, flags, CPU and torch; cached on disk).
+def build_extension(source: Path, prefix: str, label: str, flags: tuple[str, ...]) -> Path:
+    """Compile one C++ source that registers torch ops (once per source, flags, CPU and torch; cached on disk);
+    returns the loaded library's path.
 
     Shared by the GGUF kernels and the CPU paged attention (kernels/paged_attention_cpu.py)."""
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what the sources may include
@@ -124,6 +125,7 @@ def build_extension(source: Path, prefix: str, label: str, flags: tuple[str, ...
     for old in build_dir.parent.glob(f"{prefix}_{label}_*"):  # builds of older sources: never loaded again
         if old != build_dir:
             shutil.rmtree(old, ignore_errors=True)
+    return build_dir / f"{name}.so"
 
 
 def build_and_load(source: Path, namespace: str, fakes: dict[str, Callable] | None = None):
@@ -131,13 +133,27 @@ def build_and_load(source: Path, namespace: str, fakes: dict[str, Callable] | No
     op's fake (shape-only) implementation for torch.compile once, and return torch.ops.<namespace>.
     The build-and-load of the CPU float kernels and the paged attention; raises GGUFKernelUnavailable."""
     label, flags = isa_flags()
-    build_extension(source, namespace, label, (*flags, "-fopenmp"))
+    library = build_extension(source, namespace, label, (*flags, "-fopenmp"))
+    share_symbols(library)
     for op, fake in (fakes or {}).items():
         try:
             torch.library.register_fake(f"{namespace}::{op}")(fake)
         except (RuntimeError, AttributeError):  # already registered in this process
             pass
     return getattr(torch.ops, namespace)
+
+
+def share_symbols(library: Path) -> None:
+    """Make a loaded kernel library's C functions visible to libraries loaded after it (RTLD_GLOBAL; torch
+    loads it RTLD_LOCAL): a compiled graph's C++ wrapper calls the few-row linear and the paged attention
+    by their C names (engine/compile.py, direct_calls), and the dynamic linker resolves those names when
+    the graph's library loads. Re-opening an already loaded library only changes its visibility."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(str(library), mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
+    except OSError:  # not loaded under that path: graphs then call the ops through the dispatcher
+        pass
 
 
 def loads_unless_turned_off(variable: str, off: str, load, fallback: str) -> bool:

@@ -29,6 +29,11 @@ def load():
                                                             "paged_decode_paths": _paged_decode_shape})
 
 
+# paged_decode as a C function (paged_attention.cpp), for compiled graphs' C++ wrappers (engine/compile.py)
+C_FUNCTION = ("paged_decode", "AOTITorchError aoti_torch_cpu_paged_decode(AtenTensorHandle q, AtenTensorHandle k_cache, "
+                              "AtenTensorHandle v_cache, AtenTensorHandle block_tables, AtenTensorHandle seq_lens, "
+                              "double scale, int64_t window, AtenTensorHandle* ret0)")
+
 _ready = False  # set once the kernel loaded; read by traced code, so a compiled graph never builds
 
 

@@ -31,6 +31,10 @@ from minillm.kernels import gguf_cpu
 SOURCE = Path(__file__).with_name("cpu") / "skinny_f32.cpp"
 MAX_ROWS = 32  # the kernel's limit (skinny_f32.cpp MAX_ROWS)
 
+# the op as a C function (skinny_f32.cpp), for compiled graphs' C++ wrappers (engine/compile.py, direct_calls)
+C_FUNCTION = ("linear", "AOTITorchError aoti_torch_cpu_linear(AtenTensorHandle x, AtenTensorHandle weight, "
+                        "AtenTensorHandle* bias, int32_t portable, AtenTensorHandle* ret0)")
+
 _ready = False  # set once the kernel loaded; read by traced code, so a compiled graph never builds
 
 

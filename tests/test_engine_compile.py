@@ -163,3 +163,39 @@ def test_a_compiled_graph_of_more_rows_than_its_limit_leaves_the_product_to_indu
     # decode batches of 3, 2 and 1 rows as the requests finish
     traced = rows_given_to_the_few_row_kernel(monkeypatch, seed=12, max_tokens=[4, 8, 12])
     assert set(traced) == {1, 2}  # the 3-row graph multiplied without the kernel
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_compiled_graph_calls_the_cpu_kernels_as_c_functions_unless_told_not_to(direct, monkeypatch):
+    """Row-major layers on the CPU: the C++ wrapper of each decode graph calls the few-row linear and the
+    paged attention by their C names (engine/compile.py, direct_calls), not through the dispatcher, and
+    the tokens are the eager engine's; MINILLM_COMPILE_DIRECT_CALLS=0 keeps the dispatcher."""
+    import pickle
+
+    from minillm.engine import compile as engine_compile
+    from minillm.kernels import paged_attention_cpu, skinny_cpu
+
+    if not (skinny_cpu.available() and paged_attention_cpu.available()):
+        pytest.skip("the CPU kernels could not be built here")
+    monkeypatch.setenv("MINILLM_COMPILED_BODY", "row-major")
+    monkeypatch.setenv("MINILLM_COMPILE_DIRECT_CALLS", "1" if direct else "0")
+    calls = engine_compile.direct_calls()
+    assert len(calls) == (2 if direct else 0)
+    if direct:  # the config inductor hashes into each graph's cache key must pickle (else: no disk cache)
+        import torch
+        assert torch.ops.minillm_skinny.linear.default in calls and torch.ops.minillm_attn.paged_decode.default in calls
+        pickle.dumps(calls)
+    import gc
+
+    sources = []  # the generated code of each graph, read when its engine is collected and releases it
+    release = engine_compile.release_graphs
+    monkeypatch.setattr(engine_compile, "release_graphs", lambda code, modules: (
+        sources.extend(open(m.__file__).read() for m in modules), release(code, modules)))
+    rows_given_to_the_few_row_kernel(monkeypatch, seed=13, max_tokens=[6, 6, 6])  # asserts eager's tokens
+    gc.collect()
+    sources = "".join(sources)
+    assert "inductor_entry_impl" in sources  # the graphs' C++ wrappers were read
+    for namespace, op in (("minillm_skinny", "linear"), ("minillm_attn", "paged_decode")):
+        assert (f"aoti_torch_cpu_{op}(" in sources) == direct
+        assert (f'aoti_torch_call_dispatcher("{namespace}::{op}"' in sources) == (not direct)

@@ -41,6 +41,7 @@
 #include "vec_exp.h"  // the softmax's e^x, 8 at a time
 #endif
 #include <c10/util/BFloat16.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -328,6 +329,21 @@ at::Tensor paged_decode_paths(const at::Tensor& q, const at::Tensor& k_cache, co
 }
 
 }  // namespace
+
+// paged_decode as a C function that a compiled graph's C++ wrapper calls directly instead of through
+// aoti_torch_call_dispatcher (the op found by name and its arguments boxed, every call): the name and
+// argument convention inductor's wrapper derives for the op (engine/compile.py, direct_calls).
+extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_paged_decode(
+    AtenTensorHandle q, AtenTensorHandle k_cache, AtenTensorHandle v_cache, AtenTensorHandle block_tables,
+    AtenTensorHandle seq_lens, double scale, int64_t window, AtenTensorHandle* ret0) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    using torch::aot_inductor::tensor_handle_to_tensor_pointer;
+    *ret0 = torch::aot_inductor::new_tensor_handle(paged_decode(
+        *tensor_handle_to_tensor_pointer(q), *tensor_handle_to_tensor_pointer(k_cache),
+        *tensor_handle_to_tensor_pointer(v_cache), *tensor_handle_to_tensor_pointer(block_tables),
+        *tensor_handle_to_tensor_pointer(seq_lens), scale, window));
+  });
+}
 
 // Two ops rather than one with an optional last argument: inductor's C++ wrapper passes a custom op
 // only the arguments the graph gave it, and the dispatcher then read a missing tail_slots past the end

@@ -20,6 +20,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -238,6 +239,19 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 }
 
 }  // namespace
+
+// The same op as a C function that a compiled graph's C++ wrapper calls directly (engine/compile.py,
+// direct_calls): the name the wrapper derives from the op's ("aoti_torch_<device>_" + its name) and its
+// C-shim argument convention (an optional tensor by pointer, a bool as int32). Otherwise every call goes
+// through aoti_torch_call_dispatcher: the op found by name, its arguments boxed and unboxed.
+extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_linear(
+    AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias, int32_t portable, AtenTensorHandle* ret0) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    using namespace torch::aot_inductor;
+    *ret0 = new_tensor_handle(linear(*tensor_handle_to_tensor_pointer(x), *tensor_handle_to_tensor_pointer(weight),
+                                     pointer_to_optional<at::Tensor>(bias), portable != 0));
+  });
+}
 
 TORCH_LIBRARY(minillm_skinny, lib) {
   lib.def("linear(Tensor x, Tensor weight, Tensor? bias, bool portable=False) -> Tensor");
