@@ -40,7 +40,7 @@ _ready = False  # set once the kernel loaded; read by traced code, so a compiled
 
 def load():
     """torch.ops.minillm_skinny, or GGUFKernelUnavailable with the reason (no compiler, build error)."""
-    return gguf_cpu.build_and_load(SOURCE, "minillm_skinny", {"linear": _linear_shape})
+    return gguf_cpu.build_and_load(SOURCE, "minillm_skinny", {"linear": _linear_shape, "greedy": _greedy_shape})
 
 
 @functools.cache
@@ -64,5 +64,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return torch.ops.minillm_skinny.linear(x, weight, bias, portable)
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """logits [M, N] float32 -> [M] int64: each row's first maximum (a NaN counts as the maximum), each
+    thread scanning the columns it wrote as the LM head's rows (skinny_f32.cpp, greedy)."""
+    return torch.ops.minillm_skinny.greedy(logits)
+
+
+def greedy_applies(logits: torch.Tensor) -> bool:
+    """greedy's case: the kernel loaded, a 2-D float32 CPU tensor, not while Dynamo traces."""
+    return (_ready and logits.dim() == 2 and logits.dtype == torch.float32 and logits.device.type == "cpu"
+            and logits.shape[1] > 0 and not torch.compiler.is_compiling())
+
+
 def _linear_shape(x, weight, bias=None, portable=False):  # for torch.compile: the output's shape only
     return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _greedy_shape(logits):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)

@@ -180,3 +180,34 @@ def test_a_forward_that_records_a_graph_backpropagates_exactly(rows):
         lin(x).pow(2).sum().backward()
     expected = 2 * (x.detach() @ lin.weight.t()) @ lin.weight
     torch.testing.assert_close(x.grad, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_greedy_kernel_picks_torchs_token_in_every_case():
+    """kernels/cpu/skinny_f32.cpp's greedy: the first maximum of each row, a NaN counting as the maximum
+    (its first one), as torch's max(-1).indices -- on ties, NaNs, infinities and rows of every length
+    around the vector width and the threads' split."""
+    from minillm.engine.sampler import greedy_tokens
+    from minillm.kernels import skinny_cpu
+
+    if not skinny_cpu.available():
+        pytest.skip("the few-row kernel could not be built here")
+    g = torch.Generator().manual_seed(0)
+    for trial in range(600):
+        rows, cols = int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 700, (1,), generator=g))
+        x = torch.randint(-3, 4, (rows, cols), generator=g).float()  # integers: many tied maxima
+        if trial % 2:
+            x = torch.randn(rows, cols, generator=g)
+        if trial % 3 == 0:  # NaNs here and there
+            for _ in range(int(torch.randint(0, 4, (1,), generator=g))):
+                x[int(torch.randint(0, rows, (1,), generator=g)), int(torch.randint(0, cols, (1,), generator=g))] = float("nan")
+        if trial % 7 == 0:
+            x[:] = float("-inf")
+        if trial % 11 == 0:
+            x[:, -1] = float("inf")
+        assert skinny_cpu.greedy_applies(x)
+        assert torch.equal(skinny_cpu.greedy(x), x.max(-1).indices), (trial, x)
+        assert torch.equal(greedy_tokens(x, keepdim=True), x.max(-1, keepdim=True).indices)
+    x = torch.randn(2, 49152, generator=g)  # SmolLM2's vocabulary, split between the threads
+    x[1, 30000] = x[1, 40000] = x[1].max() + 1
+    assert skinny_cpu.greedy(x).tolist() == x.max(-1).indices.tolist() and skinny_cpu.greedy(x)[1] == 30000
+    assert not skinny_cpu.greedy_applies(x.double()) and not skinny_cpu.greedy_applies(x[0])
