@@ -48,6 +48,48 @@ def test_kernel_equals_the_gather_path(batch, kv_heads, group, head_dim, block_s
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("batch, kv_heads, lens, window", [
+    (1, 3, [500], None),  # batch-1 decode of the default model's shape: 3 tasks on 2 threads, keys split
+    (1, 3, [700], 200),  # the window's keys are what is split
+    (1, 1, [300], None),
+    (3, 1, [130, 600, 40], None),  # one sequence too short to split: its second part reads nothing
+    (2, 3, [150, 600], None),  # 6 tasks share evenly: no split
+    (1, 3, [90], None),  # few keys: one thread
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_sequences_split_between_threads_equal_the_gather_path(batch, kv_heads, lens, window, dtype):
+    """Where a call's (sequence, kv head) tasks do not share evenly among the threads, each task's keys
+    are split between them and the partial softmaxes merged (paged_attention.cpp): the result is the
+    gather path's, and a tree row's path keys (tail slots) land in the right part. Two threads here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(len(lens) * 100 + lens[0])
+        block_size, head_dim, group = 16, 64, 3
+        per_seq = max(lens) // block_size + 1
+        num_blocks = batch * per_seq + 4
+        k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+        v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+        tables = torch.randperm(num_blocks, generator=g)[: batch * per_seq].view(batch, per_seq).int()
+        lens_t = torch.tensor(lens)
+        q = torch.randn(batch, kv_heads * group, head_dim, generator=g).to(dtype)
+        got = cpu_paged.paged_decode(q, k_cache, v_cache, tables, lens_t, 0.125, window)
+        want = reference(q, k_cache, v_cache, tables, lens_t, 0.125, window)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+        # a tree row: its last 3 keys read from other slots (of the last block's spare rows)
+        spare = (int(tables[0, -1]) * block_size + torch.arange(block_size - 3, block_size)).view(1, 3)
+        tails = torch.full((batch, 3), -1, dtype=torch.int64)
+        tails[0] = spare
+        with_path = cpu_paged.paged_decode(q, k_cache, v_cache, tables, lens_t, 0.125, window, tail_slots=tails)
+        torch.set_num_threads(1)  # one thread never splits: the same keys, read as one range
+        one = cpu_paged.paged_decode(q, k_cache, v_cache, tables, lens_t, 0.125, window, tail_slots=tails)
+        torch.testing.assert_close(with_path.float(), one.float(), atol=tol, rtol=tol)
+        assert not torch.allclose(with_path[0].float(), got[0].float(), atol=1e-3)  # the path keys were read
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_only_the_table_s_blocks_are_read():
     """Blocks outside a sequence's table (other sequences' rows, free blocks) filled with NaN change nothing."""
     k_cache = torch.full((10, 4, 1, 8), float("nan"))
