@@ -125,3 +125,48 @@ def test_probe_runs_in_a_child_and_reports_failures(gguf_path, tmp_path):
     assert probe_llama_cpp(gguf_path, repack=False) is None
     why = probe_llama_cpp(str(tmp_path / "missing.gguf"), repack=True)
     assert why.startswith("repack=1: a probe load + decode failed (exit code 1)") and "could not load" in why
+
+
+@needs_llama_cpp
+@pytest.mark.slow
+@pytest.mark.default_model
+def test_a_float_run_compares_llama_cpp_on_the_same_weights_in_float32(gguf_path, hf_default_reference, tmp_path):
+    """`bench latency --dtype float32 --compare llama.cpp`: llama.cpp reads the default model's weights in
+    float32 as minillm does (a copy its own quantizer writes from the Q4_1 file, once), so its logits are
+    transformers' float ones to float32 rounding -- not the 8-bit-activation Q4_1 products'."""
+    import gguf
+    from minillm.bench.llamacpp_subject import float_gguf
+
+    path = float_gguf(gguf_path, "float32", cache_dir=str(tmp_path))
+    assert path.endswith(".gguf") and ".float32." in path
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert types and set(types.values()) == {"F32"}, types
+    written = (tmp_path / path.split("/")[-1]).stat().st_mtime_ns
+    assert float_gguf(gguf_path, "float32", cache_dir=str(tmp_path)) == path  # reused, not written again
+    assert (tmp_path / path.split("/")[-1]).stat().st_mtime_ns == written
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        float_gguf(gguf_path, "int8", cache_dir=str(tmp_path))
+    subject = load_llama_cpp(path, repack=True, n_threads=1)
+    try:
+        prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 28, 1026, 1187, 3817, 30]
+        got = subject.logits(prompt)
+        with torch.no_grad():
+            ref = hf_default_reference(torch.tensor([prompt])).logits[0, -1].float().numpy()
+        assert int(got.argmax()) == int(ref.argmax())
+        assert np.abs(got - ref).max() < 2e-2 * np.abs(ref).max(), np.abs(got - ref).max()
+        assert np.corrcoef(got, ref)[0, 1] > 0.99999
+    finally:
+        subject.close()
+
+
+@needs_llama_cpp
+@pytest.mark.slow
+@pytest.mark.default_model
+def test_float_latency_runs_name_the_float_llama_cpp_peer(tmp_path, one_thread):
+    out = tmp_path / "lat.json"
+    argv = ["latency", "--dtype", "float32", "--compare", "llama.cpp", "--no-roofs", "--quiet", "--prompt-len", "4",
+            "--output-len", "3", "--prefill-len", "8", "--repeats", "1", "--prefill-repeats", "1", "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert list(report["figures"]) == ["minillm", "llama.cpp-float32"]  # one peer: no repacking for floats
+    assert ".float32." in report["settings"]["llama_cpp"]["gguf"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import sys
 from typing import Any
 
@@ -291,7 +292,8 @@ def _subjects(args: argparse.Namespace, device: str, kv_bytes: int | None = None
 def _llama_cpp_subjects(args: argparse.Namespace) -> list:
     """llama.cpp on the same GGUF, repack on and/or off; a clear message (and no peer) when it can't run."""
     from minillm.bench.hf_subject import resolve_model_path
-    from minillm.bench.llamacpp_subject import llama_cpp_available, load_llama_cpp, probe_llama_cpp
+    from minillm.bench.llamacpp_subject import (FLOAT_FTYPES, float_gguf, llama_cpp_available, load_llama_cpp,
+                                                probe_llama_cpp)
 
     ok, why = llama_cpp_available()
     if not ok:
@@ -303,19 +305,32 @@ def _llama_cpp_subjects(args: argparse.Namespace) -> list:
         args.peer_notes["llama.cpp"] = f"llama.cpp peer skipped: it needs a GGUF file, got the folder {folder}"
         _log(args.peer_notes["llama.cpp"])
         return []
+    path, label, settings = f"{folder}/{gguf}", "llama.cpp", {"0": [False], "1": [True], "both": [True, False]}[args.repack]
+    if getattr(args, "quantization", None) is None and getattr(args, "dtype", None) in FLOAT_FTYPES:
+        # float minillm reads float weights: llama.cpp on the same weights in the same dtype (a copy its own
+        # quantizer writes once), one peer (weight repacking is for quantized types only)
+        try:
+            path = float_gguf(path, args.dtype)
+        except Exception as e:
+            args.peer_notes["llama.cpp"] = f"no {args.dtype} copy of {gguf} for llama.cpp: {type(e).__name__}: {e}"
+            _log(args.peer_notes["llama.cpp"])
+            return []
+        gguf, label, settings = os.path.basename(path), f"llama.cpp-{args.dtype}", [True]
+    args.llama_cpp_gguf = gguf  # recorded in the settings (_llama_cpp_settings)
     out = []
-    for repack in {"0": [False], "1": [True], "both": [True, False]}[args.repack]:
+    for repack in settings:
         _log(f"loading llama.cpp ({gguf}, repack {'on' if repack else 'off'})")
-        crashed = probe_llama_cpp(f"{folder}/{gguf}", repack, torch.get_num_threads())
+        crashed = probe_llama_cpp(path, repack, torch.get_num_threads())
         if crashed:  # e.g. the AMX repack path of some builds: that setting is off for this run
             args.peer_notes[f"llama.cpp repack={int(repack)}"] = f"turned off: {crashed}"
             _log(args.peer_notes[f"llama.cpp repack={int(repack)}"])
             continue
         try:
-            out.append(load_llama_cpp(f"{folder}/{gguf}", repack, torch.get_num_threads(),
+            out.append(load_llama_cpp(path, repack, torch.get_num_threads(),
                                       max_num_seqs=getattr(args, "max_num_seqs", 64),
                                       # the same per-step token budget as minillm's scheduler
-                                      n_batch=getattr(args, "max_num_batched_tokens", 512)))
+                                      n_batch=getattr(args, "max_num_batched_tokens", 512),
+                                      name=None if label == "llama.cpp" else label))
         except Exception as e:  # a broken build must not stop the other subjects
             args.peer_notes[f"llama.cpp repack={int(repack)}"] = f"failed to load: {type(e).__name__}: {e}"
             _log(args.peer_notes[f"llama.cpp repack={int(repack)}"])
@@ -337,7 +352,8 @@ def _llama_cpp_settings(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench.llamacpp_subject import DRIVEN, llama_cpp_version, system_info
 
     return {"llama_cpp": {"version": llama_cpp_version(), "driven": DRIVEN, "repack": args.repack,
-                          "system_info": system_info(), "notes": dict(args.peer_notes)}}
+                          "gguf": getattr(args, "llama_cpp_gguf", None), "system_info": system_info(),
+                          "notes": dict(args.peer_notes)}}
 
 
 def _latency(args: argparse.Namespace) -> dict[str, Any]:

@@ -283,6 +283,49 @@ def load_llama_cpp(gguf_path: str, repack: bool, n_threads: int, n_batch: int = 
                            name or ("llama.cpp" if repack else "llama.cpp-norepack"))
 
 
+# llama.cpp's file types for a float GGUF (llama.h, enum llama_ftype)
+FLOAT_FTYPES = {"float32": 0, "bfloat16": 32}  # LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_BF16
+
+
+def float_gguf(gguf_path: str, dtype: str, cache_dir: str | None = None) -> str:
+    """The GGUF with every weight in `dtype` (float32 or bfloat16), written once by llama.cpp's own
+    quantizer (allowed to requantize: Q4_1 blocks dequantized, as minillm dequantizes them) into the
+    minillm cache and reused. A float minillm run reads float weights; llama.cpp on the quantized file
+    would read a fifth of the bytes, another workload. Returns the path."""
+    import hashlib
+    from pathlib import Path
+
+    ok, why = llama_cpp_available()
+    if not ok:
+        raise ImportError(why)
+    if dtype not in FLOAT_FTYPES:
+        raise ValueError(f"a float GGUF is float32 or bfloat16, not {dtype}")
+    import llama_cpp as lib
+
+    src = Path(gguf_path)
+    stat = src.stat()
+    key = hashlib.sha256(f"{src.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    if cache_dir is None:
+        from minillm.kernels.gguf_cpu import _cache_root
+
+        cache_dir = str(_cache_root() / "gguf")
+    out = Path(cache_dir) / f"{src.stem}.{dtype}.{key}.gguf"
+    if out.exists():
+        return str(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = FLOAT_FTYPES[dtype]
+    params.allow_requantize = True
+    params.nthread = os.cpu_count() or 1
+    partial = out.with_suffix(".partial")
+    _quiet_logs(lib)
+    if lib.llama_model_quantize(str(src).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"llama.cpp could not write a {dtype} copy of {src.name}")
+    partial.rename(out)  # whole or absent: a killed run leaves no half file under the final name
+    return str(out)
+
+
 def probe_llama_cpp(gguf_path: str, repack: bool, n_threads: int = 1, timeout_s: float = 300.0) -> str | None:
     """Load and decode a few tokens (also batched) in a child process: None when that works, else why not.
 
