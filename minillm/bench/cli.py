@@ -266,7 +266,11 @@ def _roofs(args: argparse.Namespace, device: str):
     return roofs
 
 
-def _subjects(args: argparse.Namespace, device: str, kv_bytes: int | None = None, **engine_kw: Any) -> list:
+def _subjects(args: argparse.Namespace, device: str, kv_bytes: int | None = None, float_llama_cpp: bool = False,
+              **engine_kw: Any) -> list:
+    """minillm and the --compare peers. float_llama_cpp (batch-1 latency): where minillm runs float weights,
+    llama.cpp runs the same weights in that dtype (the bytes a decode step reads are the comparison);
+    elsewhere llama.cpp runs the GGUF as shipped (quantized: its faster setting for batched throughput)."""
     from minillm.bench.minillm_subject import load_minillm
 
     _log(f"loading minillm ({args.dtype}, {device})")
@@ -285,12 +289,14 @@ def _subjects(args: argparse.Namespace, device: str, kv_bytes: int | None = None
         else:  # one loaded model, a peer per batch size (a static batcher is only as good as its batch size)
             subjects += [dataclasses.replace(hf, batch_size=b, name=f"transformers-b{b}") for b in sizes]
     if "llama.cpp" in args.compare:
-        subjects += _llama_cpp_subjects(args)
+        floats = float_llama_cpp and args.quantization is None
+        subjects += _llama_cpp_subjects(args, float_dtype=args.dtype if floats else None)
     return subjects
 
 
-def _llama_cpp_subjects(args: argparse.Namespace) -> list:
-    """llama.cpp on the same GGUF, repack on and/or off; a clear message (and no peer) when it can't run."""
+def _llama_cpp_subjects(args: argparse.Namespace, float_dtype: str | None = None) -> list:
+    """llama.cpp on the same GGUF, repack on and/or off; a clear message (and no peer) when it can't run.
+    float_dtype (float32, bfloat16): minillm runs float weights, so llama.cpp runs that dtype's copy."""
     from minillm.bench.hf_subject import resolve_model_path
     from minillm.bench.llamacpp_subject import (FLOAT_FTYPES, float_gguf, llama_cpp_available, load_llama_cpp,
                                                 probe_llama_cpp)
@@ -306,16 +312,16 @@ def _llama_cpp_subjects(args: argparse.Namespace) -> list:
         _log(args.peer_notes["llama.cpp"])
         return []
     path, label, settings = f"{folder}/{gguf}", "llama.cpp", {"0": [False], "1": [True], "both": [True, False]}[args.repack]
-    if getattr(args, "quantization", None) is None and getattr(args, "dtype", None) in FLOAT_FTYPES:
+    if float_dtype in FLOAT_FTYPES:
         # float minillm reads float weights: llama.cpp on the same weights in the same dtype (a copy its own
         # quantizer writes once), one peer (weight repacking is for quantized types only)
         try:
-            path = float_gguf(path, args.dtype)
+            path = float_gguf(path, float_dtype)
         except Exception as e:
-            args.peer_notes["llama.cpp"] = f"no {args.dtype} copy of {gguf} for llama.cpp: {type(e).__name__}: {e}"
+            args.peer_notes["llama.cpp"] = f"no {float_dtype} copy of {gguf} for llama.cpp: {type(e).__name__}: {e}"
             _log(args.peer_notes["llama.cpp"])
             return []
-        gguf, label, settings = os.path.basename(path), f"llama.cpp-{args.dtype}", [True]
+        gguf, label, settings = os.path.basename(path), f"llama.cpp-{float_dtype}", [True]
     args.llama_cpp_gguf = gguf  # recorded in the settings (_llama_cpp_settings)
     out = []
     for repack in settings:
@@ -361,7 +367,7 @@ def _latency(args: argparse.Namespace) -> dict[str, Any]:
 
     device = _device(args)
     roofs = _roofs(args, device)
-    subjects = _subjects(args, device)
+    subjects = _subjects(args, device, float_llama_cpp=True)
     wl = LatencyWorkload(args.prompt_len, args.output_len, args.prefill_len, args.seed)
     report, summary = latency_report(
         subjects, subjects[0].config, DTYPES[args.dtype], wl, roofs, _settings(args, device),
