@@ -150,6 +150,8 @@ def share_symbols(library: Path) -> None:
     the graph's library loads. Re-opening an already loaded library only changes its visibility."""
     import ctypes
 
+    if not hasattr(os, "RTLD_NOLOAD"):  # not a dlopen platform (Windows): graphs use the dispatcher
+        return
     try:
         ctypes.CDLL(str(library), mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
     except OSError:  # not loaded under that path: graphs then call the ops through the dispatcher

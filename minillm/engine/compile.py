@@ -102,7 +102,10 @@ def direct_calls() -> dict:
 
     from minillm.kernels import paged_attention_cpu, skinny_cpu
 
-    process = ctypes.CDLL(None)  # the symbols visible to every library (RTLD_GLOBAL)
+    try:
+        process = ctypes.CDLL(None)  # the symbols visible to every library (RTLD_GLOBAL)
+    except (OSError, TypeError):  # no such handle on this platform (Windows): the dispatcher it is
+        return {}
     calls = {}
     for namespace, kernel in (("minillm_skinny", skinny_cpu), ("minillm_attn", paged_attention_cpu)):
         op, declaration = kernel.C_FUNCTION
