@@ -288,26 +288,29 @@ at::Tensor greedy(const at::Tensor& logits) {
   const float* x = lc.data_ptr<float>();
   int64_t* o = out.data_ptr<int64_t>();
   const int threads = at::get_num_threads();
+  // one parallel region for all rows: each thread takes the same columns of every row (the LM head's
+  // rows it computed), keeping each row's first maximum in its part; the parts then merge row by row
+  std::vector<float> best(m * threads, 0.f);
+  std::vector<int64_t> where(m * threads, -1);
+  at::parallel_for(0, n, 64, [&](int64_t lo, int64_t hi) {
+    const int part = at::get_thread_num();
+    for (int64_t i = 0; i < m; ++i) {
+      const auto [b, w] = first_max(x + i * n, lo, hi);
+      best[i * threads + part] = b;
+      where[i * threads + part] = w;
+    }
+  });
   for (int64_t i = 0; i < m; ++i) {
-    const float* row = x + i * n;
-    // each part: its first maximum (or first NaN); parts merge in column order, so the first wins ties
-    std::vector<float> best(threads, 0.f);
-    std::vector<int64_t> where(threads, -1);
-    at::parallel_for(0, n, 64, [&](int64_t lo, int64_t hi) {
-      const int part = at::get_thread_num();
-      const auto [b, w] = first_max(row, lo, hi);
-      best[part] = b;
-      where[part] = w;
-    });
-    int64_t w = -1;
-    float b = 0.f;
+    // parts in column order, so the first of equal maxima (and the first NaN) wins
     std::vector<int> order;
     for (int t = 0; t < threads; ++t)
-      if (where[t] >= 0) order.push_back(t);
-    std::sort(order.begin(), order.end(), [&](int a, int c) { return where[a] < where[c]; });
+      if (where[i * threads + t] >= 0) order.push_back(t);
+    std::sort(order.begin(), order.end(), [&](int a, int c) { return where[i * threads + a] < where[i * threads + c]; });
+    int64_t w = -1;
+    float b = 0.f;
     for (int t : order) {
-      const float v = best[t];
-      if (w < 0 || (b == b && (v != v || v > b))) { b = v; w = where[t]; }
+      const float v = best[i * threads + t];
+      if (w < 0 || (b == b && (v != v || v > b))) { b = v; w = where[i * threads + t]; }
     }
     o[i] = w;
   }
