@@ -128,13 +128,17 @@ def build_extension(source: Path, prefix: str, label: str, flags: tuple[str, ...
     return build_dir / f"{name}.so"
 
 
-def build_and_load(source: Path, namespace: str, fakes: dict[str, Callable] | None = None):
+def build_and_load(source: Path, namespace: str, fakes: dict[str, Callable] | None = None,
+                   c_functions: bool = False):
     """Build `source` for this CPU (ATEN_CPU_CAPABILITY's instruction set, OpenMP), load it, register each
     op's fake (shape-only) implementation for torch.compile once, and return torch.ops.<namespace>.
+    c_functions: the library exports C functions for compiled graphs, so its symbols are shared
+    (`share_symbols`); the others stay private to their library, as torch loads them.
     The build-and-load of the CPU float kernels and the paged attention; raises GGUFKernelUnavailable."""
     label, flags = isa_flags()
     library = build_extension(source, namespace, label, (*flags, "-fopenmp"))
-    share_symbols(library)
+    if c_functions:
+        share_symbols(library)
     for op, fake in (fakes or {}).items():
         try:
             torch.library.register_fake(f"{namespace}::{op}")(fake)

@@ -26,7 +26,8 @@ DTYPES = (torch.float32, torch.bfloat16)
 def load():
     """torch.ops.minillm_attn, or GGUFKernelUnavailable with the reason (no compiler, build error)."""
     return gguf_cpu.build_and_load(SOURCE, "minillm_attn", {"paged_decode": _paged_decode_shape,
-                                                            "paged_decode_paths": _paged_decode_shape})
+                                                            "paged_decode_paths": _paged_decode_shape},
+                                   c_functions=True)
 
 
 # paged_decode as a C function (paged_attention.cpp), for compiled graphs' C++ wrappers (engine/compile.py)

@@ -40,7 +40,8 @@ _ready = False  # set once the kernel loaded; read by traced code, so a compiled
 
 def load():
     """torch.ops.minillm_skinny, or GGUFKernelUnavailable with the reason (no compiler, build error)."""
-    return gguf_cpu.build_and_load(SOURCE, "minillm_skinny", {"linear": _linear_shape, "greedy": _greedy_shape})
+    return gguf_cpu.build_and_load(SOURCE, "minillm_skinny", {"linear": _linear_shape, "greedy": _greedy_shape},
+                                   c_functions=True)
 
 
 @functools.cache

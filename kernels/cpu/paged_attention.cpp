@@ -319,6 +319,7 @@ void paged_decode_impl(const T* q, const T* k_cache, const T* v_cache, const int
   });
   if (parts == 1) return;
   // merge each task's parts: rescale each part's sums to the task's maximum (the online softmax's step)
+  std::vector<float> merged(d);
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t b = task / kv_heads, h = task % kv_heads;
     T* o = out + (b * heads + h * group) * d;
@@ -327,9 +328,7 @@ void paged_decode_impl(const T* q, const T* k_cache, const T* v_cache, const int
       float m = -INFINITY;
       for (int64_t p = 0; p < parts; ++p) m = std::max(m, first[p * unit_floats + group * d + g]);
       float total = 0.f;
-      float merged[512];
-      TORCH_CHECK(d <= 512, "paged_decode: head_dim above 512");
-      std::fill(merged, merged + d, 0.f);
+      std::fill(merged.begin(), merged.end(), 0.f);
       for (int64_t p = 0; p < parts; ++p) {
         const float* res = first + p * unit_floats;
         const float pm = res[group * d + g], ps = res[group * d + group + g];

@@ -301,16 +301,17 @@ at::Tensor greedy(const at::Tensor& logits) {
     }
   });
   for (int64_t i = 0; i < m; ++i) {
-    // parts in column order, so the first of equal maxima (and the first NaN) wins
-    std::vector<int> order;
-    for (int t = 0; t < threads; ++t)
-      if (where[i * threads + t] >= 0) order.push_back(t);
-    std::sort(order.begin(), order.end(), [&](int a, int c) { return where[i * threads + a] < where[i * threads + c]; });
-    int64_t w = -1;
+    // the parts' winner by the same rule: a NaN beats any number, a larger value a smaller one, and
+    // between equals (or two NaNs) the earlier column
     float b = 0.f;
-    for (int t : order) {
+    int64_t w = -1;
+    for (int t = 0; t < threads; ++t) {
       const float v = best[i * threads + t];
-      if (w < 0 || (b == b && (v != v || v > b))) { b = v; w = where[i * threads + t]; }
+      const int64_t at = where[i * threads + t];
+      if (at < 0) continue;  // a part no thread ran
+      const bool v_nan = v != v, b_nan = b != b;
+      const bool wins = w < 0 || (v_nan ? !b_nan || at < w : !b_nan && (v > b || (v == b && at < w)));
+      if (wins) { b = v; w = at; }
     }
     o[i] = w;
   }

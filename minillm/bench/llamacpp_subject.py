@@ -290,8 +290,9 @@ FLOAT_FTYPES = {"float32": 0, "bfloat16": 32}  # LLAMA_FTYPE_ALL_F32, LLAMA_FTYP
 def float_gguf(gguf_path: str, dtype: str, cache_dir: str | None = None) -> str:
     """The GGUF with every weight in `dtype` (float32 or bfloat16), written once by llama.cpp's own
     quantizer (allowed to requantize: Q4_1 blocks dequantized, as minillm dequantizes them) into the
-    minillm cache and reused. A float minillm run reads float weights; llama.cpp on the quantized file
-    would read a fifth of the bytes, another workload. Returns the path."""
+    models' cache folder (loader/registry.cache_dir) and reused. A float minillm run reads float
+    weights; llama.cpp on the quantized file would read a fifth of the bytes, another workload.
+    Returns the path."""
     import hashlib
     from pathlib import Path
 
@@ -306,9 +307,9 @@ def float_gguf(gguf_path: str, dtype: str, cache_dir: str | None = None) -> str:
     stat = src.stat()
     key = hashlib.sha256(f"{src.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     if cache_dir is None:
-        from minillm.kernels.gguf_cpu import _cache_root
+        from minillm.loader.registry import cache_dir as models_dir
 
-        cache_dir = str(_cache_root() / "gguf")
+        cache_dir = str(models_dir())
     out = Path(cache_dir) / f"{src.stem}.{dtype}.{key}.gguf"
     if out.exists():
         return str(out)
