@@ -72,6 +72,9 @@ class EngineConfig:
     attention_backend: str = "auto"
     compile: bool = False  # decode steps through torch.compile (inductor freezing)
     cuda_graphs: bool | None = None  # decode steps replayed from CUDA graphs per batch bucket; None: on for CUDA
+    # CPU float32 Llama-family decode steps of up to 16 rows as one C++ call (engine/cpu_decode_step.py);
+    # None: wherever it applies, True: required (an error says why it cannot run), False: op by op
+    cpu_decode_step: bool | None = None
     speculative: SpeculativeConfig | dict[str, Any] | None = None  # e.g. {"method": "ngram", "num_tokens": 4}
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -162,6 +165,8 @@ class EngineConfig:
             raise ValueError("compile=True is implemented for the torch attention backend")
         if self.cuda_graphs not in (None, True, False):
             raise ValueError(f"cuda_graphs must be True, False or None (on for CUDA), got {self.cuda_graphs!r}")
+        if self.cpu_decode_step not in (None, True, False):
+            raise ValueError(f"cpu_decode_step must be True, False or None (where it applies), got {self.cpu_decode_step!r}")
         if self.cuda_graphs and self.compile:
             raise ValueError("cuda_graphs=True and compile=True are two ways to speed decode up; choose one")
         if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:

@@ -17,6 +17,8 @@ from minillm.attention.registry import make_attention_backend
 from minillm.engine.batch import StepBatch
 from minillm.engine.compile import frozen_compile, mark_pool_static
 from minillm.engine.config import EngineConfig
+from minillm.engine.cpu_decode_step import CpuDecodeStep
+from minillm.engine.cpu_decode_step import why_not as decode_step_why_not
 from minillm.engine.cpu_memory import keep_freed_memory, release_freed_memory
 from minillm.engine.cuda_graphs import DecodeGraphs
 from minillm.engine.executor import Executor
@@ -120,6 +122,13 @@ class ModelRunner(Executor):
             self.decode_graphs = DecodeGraphs(model, self.plan.block_size, max_len, config.max_num_seqs,
                                               self.plan.num_blocks, self.device, capture=self.device.type == "cuda")
             self.decode_graphs.capture()
+        # decode steps of up to 16 rows as one C++ call where the model and pool allow (engine/cpu_decode_step.py);
+        # built last, once the weights sit where they stay (K-major, huge pages) and the pool exists
+        self.decode_step_skipped = decode_step_why_not(model, config, self.plan.quantized, self.device) if not graphs \
+            else "CUDA graphs replay decode"
+        if config.cpu_decode_step and self.decode_step_skipped:
+            raise ValueError(f"cpu_decode_step=True, but this engine cannot run it: {self.decode_step_skipped}")
+        self.decode_step = CpuDecodeStep.build(model, self.pool) if self.decode_step_skipped is None else None
         self.compiled_decode = None
         self.compiled_logits = None
         self.last_hidden: torch.Tensor | None = None  # final hidden states of the last step's logit rows
@@ -159,6 +168,8 @@ class ModelRunner(Executor):
         dev = self.device
         if self.decode_graphs is not None and self.decode_graphs.fits(batch):
             hidden = self.decode_graphs.run(batch)  # a replay: the batch padded to its bucket
+        elif self.decode_step is not None and self.decode_step.fits(batch):
+            hidden = self.decode_step.run(batch)  # one C++ call, one parallel region
         else:
             meta = batch.attention_metadata(self.plan.block_size, self.device)
             forward = self.model.forward
