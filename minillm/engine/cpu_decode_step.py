@@ -44,6 +44,8 @@ def why_not(model: nn.Module, config: EngineConfig, quantized_kv: bool, device: 
         return "turned off (cpu_decode_step=False)"
     if device.type != "cpu":
         return f"not a CPU ({device.type})"
+    if config.backend_for(device) != "torch":
+        return f"the {config.backend_for(device)} attention backend was asked for (the step has its own attention)"
     if config.world_size > 1:
         return "the model is split over processes (each layer ends in a collective the step does not make)"
     if type(model) is not LlamaForCausalLM:
