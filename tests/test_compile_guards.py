@@ -83,7 +83,8 @@ def test_two_compiled_models_of_one_class_step_in_turn():
 
     def engine(model, compile):
         eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=4,
-                                                      max_num_batched_tokens=64, compile=compile))
+                                                      max_num_batched_tokens=64, compile=compile,
+                                                      cpu_decode_step=False))  # the graphs are the subject
         for i, p in enumerate(prompts):
             eng.add_request(str(i), p, greedy(6 + 3 * i))
         return eng

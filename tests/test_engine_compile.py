@@ -1,4 +1,6 @@
-"""torch.compile'd decode steps give exactly the eager engine's greedy tokens."""
+"""torch.compile'd decode steps give exactly the eager engine's greedy tokens (with the one-region C++ step
+off: engine/cpu_decode_step.py takes a CPU float32 decode step wherever it applies, and its own tests
+compare it with the op-by-op step, tests/test_cpu_decode_step.py)."""
 import pytest
 
 from tests.helpers.engine_utils import greedy, random_prompts, run_to_completion, tiny_model
@@ -19,7 +21,8 @@ def test_compiled_decode_matches_eager(kv_cache_dtype, capfd):
 
     def go(compile):
         eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=128, kv_cache_dtype=kv_cache_dtype,
-                                                      max_num_seqs=64, max_num_batched_tokens=32, compile=compile))
+                                                      max_num_seqs=64, max_num_batched_tokens=32, compile=compile,
+                                                      cpu_decode_step=False))  # the graphs, not the C++ step
         for i, p in enumerate(prompts):
             eng.add_request(str(i), p, params)
         done = {}
@@ -127,7 +130,8 @@ def rows_given_to_the_few_row_kernel(monkeypatch, seed: int, max_tokens: list[in
     def go(compile):
         model = tiny_model(heads=4, kv_heads=2, head_dim=16, seed=seed)
         eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, max_num_seqs=8,
-                                                      max_num_batched_tokens=64, compile=compile))
+                                                      max_num_batched_tokens=64, compile=compile,
+                                                      cpu_decode_step=False))  # the graphs, not the C++ step
         for i, (p, n) in enumerate(zip(prompts, max_tokens)):
             eng.add_request(str(i), p, greedy(n))
         out = run_to_completion(eng)

@@ -102,7 +102,8 @@ def test_a_compiled_graphs_packed_weights_are_collapsed():
     from minillm.engine.llm_engine import LLMEngine
 
     model = tiny_model(heads=8, kv_heads=4, head_dim=32)  # every linear >= 64 KB
-    eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, compile=True))
+    eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64, compile=True,
+                                                  cpu_decode_step=False))  # decode through the graphs
     eng.add_request("a", [5, 6, 7, 8, 9], greedy(6))
     run_to_completion(eng)
     reports = eng.executor.compiled_decode.huge_pages
