@@ -148,7 +148,82 @@ def test_bad_input_is_refused_before_the_pool_is_touched():
     ]
     for args, message in bad:
         with pytest.raises(RuntimeError, match=message):
-            step.run(*args)
+            step.run(*args, False)
     assert all(torch.equal(a, b) for a, b in zip(pool, runner.pool.k_caches))
-    hidden = step.run([1, 2], [0, 3], [0, 1], [0, 1, 2])
+    hidden = step.run([1, 2], [0, 3], [0, 1], [0, 1, 2], False)
     assert hidden.shape == (2, 64) and torch.isfinite(hidden).all()
+
+
+def run_spec(model, prompts, one_region, panels, speculative, prefix_caching=False):
+    """Serve with speculative decoding (or prefix caching): every step's hidden states of every row that ran
+    through the one-region step's kind of rows, which path took it, and the final pool."""
+    import minillm.engine.few_row_panels as few_row_panels
+
+    os.environ[few_row_panels.PANELS_ENV] = "1" if panels else "0"
+    try:
+        cfg = EngineConfig(block_size=4, num_kv_blocks=512, max_num_seqs=8, max_num_batched_tokens=512,
+                           speculative=speculative, enable_prefix_caching=prefix_caching,
+                           cpu_decode_step=None if one_region else False)
+        engine = LLMEngine(model, None, [], cfg)
+    finally:
+        del os.environ[few_row_panels.PANELS_ENV]
+    runner = engine.executor
+    assert (not runner.panels.skipped) == panels, runner.panels
+    runner.keep_all_hidden = True
+    steps, execute = [], runner.execute
+
+    def recorded(batch):
+        logits = execute(batch)
+        took = runner.decode_step is not None and runner.decode_step.fits(batch)
+        steps.append((took, max(batch.query_lens), runner.last_all_hidden.clone()))
+        return logits
+
+    runner.execute = recorded
+    tokens = {}
+    for i, p in enumerate(prompts):  # one after another: a later prompt may hit an earlier one's blocks
+        engine.add_request(str(i), p, greedy(14))
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    tokens[out.request_id] = out.outputs[0].token_ids
+    return tokens, steps, [t.clone() for t in runner.pool.k_caches + runner.pool.v_caches]
+
+
+@pytest.mark.parametrize("panels", [False, True])
+def test_verify_steps_equal_the_op_by_op_step_bit_for_bit(panels):
+    """A speculative engine's verify steps (k + 1 rows of one sequence, each seeing the keys up to its own
+    position) run in the step too, reading the panel-packed weights at 4-8 rows where the engine packed
+    them, as SkinnyLinear does."""
+    from minillm.kernels import panel_cpu
+
+    if panels and not panel_cpu.available():
+        pytest.skip("the panel kernel's AVX-512 path is not built here")
+    model = model_with(seed=11)
+    prompts = random_prompts(2, 83, 10, 30, seed=11)
+    # a copy of the target as the draft: every guess accepted, so every verify step has k + 1 rows (4 and 6:
+    # panel rows); an unrelated draft: guesses rejected and their K/V slots given back
+    for k, draft in ((3, model_with(seed=11)), (5, model_with(seed=11)), (3, model_with(seed=13))):
+        spec = {"method": "draft", "model": draft, "num_tokens": k}
+        ops = run_spec(model, prompts, False, panels, spec)
+        one = run_spec(model, prompts, True, panels, spec)
+        assert ops[0] == one[0]
+        assert any(took and rows == k + 1 for took, rows, _ in one[1]), "no verify step ran in the step"
+        for (_, _, a), (took, rows, b) in zip(ops[1], one[1]):
+            assert torch.equal(a, b), f"a step of {rows}-row chunks differs (one-region step: {took})"
+        assert all(torch.equal(a, b) for a, b in zip(ops[2], one[2])), "the pools differ"
+
+
+def test_a_prompts_tail_after_a_prefix_hit_runs_in_the_step():
+    """A prompt whose first blocks the prefix cache holds computes only its tail: a short chunk over cached
+    keys, the rows the step takes; a prompt's first chunk (no cached keys) stays with the chunk path."""
+    model = model_with(seed=12)
+    shared = list(range(3, 23))
+    prompts = [shared + [40, 41], shared + [50, 51, 52, 53, 54]]
+    ops = run_spec(model, prompts, False, False, None, prefix_caching=True)
+    one = run_spec(model, prompts, True, False, None, prefix_caching=True)
+    assert ops[0] == one[0]
+    took = [(t, rows) for t, rows, _ in one[1]]
+    assert (False, 22) in took and any(t and rows > 1 for t, rows in took), took
+    for (_, _, a), (_, _, b) in zip(ops[1], one[1]):
+        assert torch.equal(a, b)
+    assert all(torch.equal(a, b) for a, b in zip(ops[2], one[2]))

@@ -37,10 +37,15 @@
 // the op-by-op step's bit for bit (tests/test_cpu_decode_step.py checks it). The LM head and sampling
 // stay outside: they are one call each already (skinny_f32.cpp's linear and greedy).
 //
+// Rows: up to MAX_BATCH, each a query that sees the keys up to its own position -- one decode row per
+// sequence, or a short chunk's rows over cached keys (a verify step's k + 1, a prompt's tail after a
+// prefix hit), the rows the op-by-op step hands its paged-decode kernel as one call. When rows share a
+// sequence every new K/V row is written before any row attends (one more barrier a layer). Where the
+// engine packed the weights again in panels (engine/few_row_panels.py), 4 to 8 rows read them, as the
+// op-by-op step does (panel_rows.h; one more barrier between the gate/up panels and the SiLU).
 // Scope: float32 weights stored [out, in] contiguous, a float32 paged KV cache, RMSNorm + RoPE
-// (rotate-half) + GQA + SwiGLU, optional q/k/v bias (Qwen2) and per-layer sliding windows; up to
-// MAX_BATCH decode rows, one per sequence. Anything else runs op by op
-// (minillm/engine/cpu_decode_step.py says why not).
+// (rotate-half) + GQA + SwiGLU, optional q/k/v bias (Qwen2) and per-layer sliding windows. Anything
+// else runs op by op (minillm/engine/cpu_decode_step.py says why not).
 // Registered as torch.classes.minillm_step.DecodeStep; kernels/decode_step_cpu.py builds it.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -55,11 +60,12 @@
 
 #include "attend_rows.h"       // key_rows, attend_rows, part_keys, merge_parts: the attention's pieces
 #include "elementwise_rows.h"  // norm_row, rope_head, silu_mul_run
+#include "panel_rows.h"        // panels_simd, panels_portable: one thread's panels of a product
 #include "skinny_rows.h"       // rows_simd, rows_portable: one thread's rows of a product
 
 namespace {
 
-constexpr int64_t MAX_BATCH = 16;  // decode rows a step takes (the few-row product's register tiles up to 8,
+constexpr int64_t MAX_BATCH = 16;  // rows a step takes (the few-row product's register tiles up to 8,
                                    // then groups of 8 from L1: skinny_rows.h)
 constexpr int64_t ALIGN = 16;      // thread shares start at multiples of 16 rows: SiLU's vector loop then
                                    // meets each element in the same lane as the whole-row op does
@@ -75,6 +81,9 @@ struct Layer {
   float* k_cache;           // [blocks, block_size, kv_heads, D]
   float* v_cache;
   int64_t window;           // > 0: a query sees only its last `window` keys
+  // the four weights again in panels of 32 outputs ([ceil(N / 32), K, 32]) or nullptr: where the engine
+  // packed them (engine/few_row_panels.py), 4 to 8 rows read them, as SkinnyLinear does (PANEL_ROWS)
+  const float *qkv_panels, *o_panels, *gate_up_panels, *down_panels;
 };
 
 // Thread t's share [lo, hi) of n rows among `threads`, cut at multiples of ALIGN.
@@ -93,7 +102,36 @@ inline void product(const float* w, const float* x, const float* b, float* y, in
   rows_portable(w, x, b, y, m, k, n, lo, hi);
 }
 
+// Rows of x that read a layer's panels where it has them (models/skinny_linear.py, PANEL_ROWS).
+inline bool reads_panels(const float* panels, int64_t m) { return panels != nullptr && m >= 4 && m <= 8; }
+
+// Thread t's share of y = x @ W.T (+ b), all n outputs: its rows of W, or its panels where it reads them
+// (the path panel_f32.cpp's linear takes for the same call).
+inline void product_share(const float* w, const float* panels, const float* x, const float* b, float* y, int64_t m,
+                          int64_t k, int64_t n, int64_t t, int64_t team) {
+  if (reads_panels(panels, m)) {
+    const int64_t count = (n + PANEL - 1) / PANEL, p0 = count * t / team, p1 = count * (t + 1) / team;
+    if (p1 <= p0) return;
+#if defined(__AVX512F__)
+    return panels_simd(panels, x, b, y, m, k, n, p0, p1);
+#else
+    return panels_portable(panels, x, b, y, m, k, n, p0, p1);
+#endif
+  }
+  const auto [lo, hi] = share(n, t, team);
+  product(w, x, b, y, m, k, n, lo, hi);
+}
+
 float* data_or_null(const at::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
+
+void check_f32(const at::Tensor& t, std::vector<int64_t> shape, const char* what);
+
+// A weight's panels (an empty tensor: none), [ceil(n / 32), k, 32]; their data or nullptr.
+const float* panels_of(const at::Tensor& t, int64_t n, int64_t k, const char* what) {
+  if (!t.numel()) return nullptr;
+  check_f32(t, {(n + PANEL - 1) / PANEL, k, PANEL}, what);
+  return t.data_ptr<float>();
+}
 
 void check_f32(const at::Tensor& t, std::vector<int64_t> shape, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
@@ -105,8 +143,9 @@ void check_f32(const at::Tensor& t, std::vector<int64_t> shape, const char* what
 class DecodeStep : public torch::CustomClassHolder {
  public:
   // model: embedding [V, hidden], final norm [hidden], RoPE cos and sin [positions, D / 2].
-  // layers: 9 tensors per layer -- input norm, qkv weight, qkv bias (an empty tensor: none), o weight,
-  // post-attention norm, gate_up weight, down weight, k cache, v cache.
+  // layers: 13 tensors per layer -- input norm, qkv weight, qkv bias (an empty tensor: none), o weight,
+  // post-attention norm, gate_up weight, down weight, k cache, v cache, then the panels of qkv, o,
+  // gate_up and down (an empty tensor: none).
   // dims: heads, kv_heads, head_dim, intermediate, then each layer's window (0: none).
   // reals: the norms' eps, the attention's scale.
   DecodeStep(std::vector<at::Tensor> model, std::vector<at::Tensor> layers, std::vector<int64_t> dims,
@@ -128,10 +167,10 @@ class DecodeStep : public torch::CustomClassHolder {
     embed_ = keep_[0].data_ptr<float>(), final_norm_ = keep_[1].data_ptr<float>();
     cos_ = keep_[2].data_ptr<float>(), sin_ = keep_[3].data_ptr<float>();
     eps_ = static_cast<float>(reals[0]), scale_ = static_cast<float>(reals[1]);
-    TORCH_CHECK(layers.size() % 9 == 0 && dims.size() == 4 + layers.size() / 9,
-                "DecodeStep: 9 tensors and one window per layer");
+    TORCH_CHECK(layers.size() % PER_LAYER == 0 && dims.size() == 4 + layers.size() / PER_LAYER,
+                "DecodeStep: 13 tensors and one window per layer");
     const int64_t qkv_n = (heads_ + 2 * kv_heads_) * d_;
-    for (size_t i = 0; i < layers.size(); i += 9) {
+    for (size_t i = 0; i < layers.size(); i += PER_LAYER) {
       const at::Tensor* t = layers.data() + i;
       check_f32(t[0], {hidden_}, "an input norm");
       check_f32(t[1], {qkv_n, hidden_}, "a qkv weight");
@@ -148,16 +187,22 @@ class DecodeStep : public torch::CustomClassHolder {
       TORCH_CHECK(blocks == blocks_ && block_size == block_size_, "DecodeStep: every layer's pool has one shape");
       layers_.push_back({t[0].data_ptr<float>(), t[1].data_ptr<float>(), data_or_null(t[2]), t[3].data_ptr<float>(),
                          t[4].data_ptr<float>(), t[5].data_ptr<float>(), t[6].data_ptr<float>(),
-                         t[7].data_ptr<float>(), t[8].data_ptr<float>(), dims[4 + i / 9]});
+                         t[7].data_ptr<float>(), t[8].data_ptr<float>(), dims[4 + i / PER_LAYER],
+                         panels_of(t[9], qkv_n, hidden_, "qkv panels"), panels_of(t[10], hidden_, heads_ * d_, "o panels"),
+                         panels_of(t[11], 2 * inter_, hidden_, "gate_up panels"),
+                         panels_of(t[12], hidden_, inter_, "down panels")});
     }
     keep_.insert(keep_.end(), layers.begin(), layers.end());  // the pointers above stay valid while we live
   }
 
-  // One decode row per sequence: its token, its position (the new key's; it sees keys 0..position),
-  // and its block table (tables[starts[b] : starts[b + 1]]). Writes each row's K/V into the pool and
-  // returns the final hidden states [rows, hidden] (the LM head's input).
+  // Rows that each see the keys up to their own position: one decode row per sequence, or a short
+  // chunk's rows (a verify step's k + 1: row i of a chunk is a decode query at its own position). Per
+  // row its token, its position (the new key's) and its sequence's block table (tables[starts[b] :
+  // starts[b + 1]]). `shared`: some rows belong to one sequence, so every new K/V row is written before
+  // any row attends (one more barrier a layer). Writes each row's K/V into the pool and returns the
+  // final hidden states [rows, hidden] (the LM head's input).
   at::Tensor run(std::vector<int64_t> tokens, std::vector<int64_t> positions, std::vector<int64_t> tables,
-                 std::vector<int64_t> starts) {
+                 std::vector<int64_t> starts, bool shared) {
     const int64_t rows = static_cast<int64_t>(tokens.size());
     TORCH_CHECK(rows >= 1 && rows <= MAX_BATCH, "DecodeStep: 1 to ", MAX_BATCH, " decode rows, got ", rows);
     TORCH_CHECK(positions.size() == tokens.size() && starts.size() == tokens.size() + 1 && starts[0] == 0 &&
@@ -196,8 +241,6 @@ class DecodeStep : public torch::CustomClassHolder {
       std::vector<const float*> krows, vrows;
       for (int64_t b = 0; b < rows; ++b)
         std::copy_n(embed_ + tokens[b] * hidden_, hidden_, residual.data() + b * hidden_);
-      const auto [qkv_lo, qkv_hi] = share(qkv_n, t, team);
-      const auto [hid_lo, hid_hi] = share(hidden_, t, team);
       const auto [int_lo, int_hi] = share(inter_, t, team);
       for (size_t l = 0; l < layers_.size(); ++l) {
         const Layer& L = layers_[l];
@@ -207,8 +250,15 @@ class DecodeStep : public torch::CustomClassHolder {
             for (int64_t i = 0; i < hidden_; ++i) r[i] = r[i] + down[b * hidden_ + i];
           norm_row(r, L.input_norm, x.data() + b * hidden_, hidden_, eps_);
         }
-        product(L.qkv, x.data(), L.qkv_bias, qkv.data(), rows, hidden_, qkv_n, qkv_lo, qkv_hi);
+        product_share(L.qkv, L.qkv_panels, x.data(), L.qkv_bias, qkv.data(), rows, hidden_, qkv_n, t, team);
 #pragma omp barrier
+        if (shared) {  // every new K/V row first: a chunk's later rows read its earlier rows' keys
+          for (int64_t unit = t; unit < tasks; unit += team) {
+            const int64_t b = unit / kv_heads_, h = unit % kv_heads_, pos = positions[b];
+            write_kv(L, qkv.data() + b * qkv_n, tables.data() + starts[b], pos, h);
+          }
+#pragma omp barrier
+        }
         int64_t layer_longest = 0;
         for (int64_t b = 0; b < rows; ++b)
           layer_longest = std::max(layer_longest, L.window > 0 ? std::min(positions[b] + 1, L.window) : positions[b] + 1);
@@ -225,13 +275,8 @@ class DecodeStep : public torch::CustomClassHolder {
             empty_unit(acc, mx, sums, group, d_);
             continue;
           }
-          if (k0 <= pos && pos < k1) {  // this unit reads the new key: rotate k, write k and v to its slot
-            const int64_t* table = tables.data() + starts[b];
-            const int64_t slot = table[pos / block_size_] * block_size_ + pos % block_size_;
-            const int64_t at = (slot * kv_heads_ + h) * d_;
-            rope_head(row + q_size + h * d_, c, s, L.k_cache + at, d_ / 2);
-            std::copy_n(row + q_size + kv_heads_ * d_ + h * d_, d_, L.v_cache + at);
-          }
+          if (!shared && k0 <= pos && pos < k1)  // this unit reads the new key: it writes it first
+            write_kv(L, row, tables.data() + starts[b], pos, h);
           for (int64_t g = 0; g < group; ++g) {  // the group's q heads, rotated, then scaled as the op scales
             rope_head(row + (h * group + g) * d_, c, s, kr.data(), d_ / 2);
             for (int64_t i = 0; i < d_; ++i) qf[g * d_ + i] = kr[i] * scale_;
@@ -252,23 +297,29 @@ class DecodeStep : public torch::CustomClassHolder {
             merge_parts(first, parts, unit_floats, group, d_, merged, dst);
           }
         }
-        product(L.o, attn.data(), nullptr, o.data(), rows, q_size, hidden_, hid_lo, hid_hi);
+        product_share(L.o, L.o_panels, attn.data(), nullptr, o.data(), rows, q_size, hidden_, t, team);
 #pragma omp barrier
         for (int64_t b = 0; b < rows; ++b) {
           float* r = residual.data() + b * hidden_;
           for (int64_t i = 0; i < hidden_; ++i) r[i] = r[i] + o[b * hidden_ + i];  // residual first, as the op adds
           norm_row(r, L.post_norm, x.data() + b * hidden_, hidden_, eps_);
         }
-        product(L.gate_up, x.data(), nullptr, gate_up.data(), rows, hidden_, 2 * inter_, int_lo, int_hi);
-        product(L.gate_up, x.data(), nullptr, gate_up.data(), rows, hidden_, 2 * inter_, inter_ + int_lo,
-                inter_ + int_hi);
+        if (reads_panels(L.gate_up_panels, rows)) {  // a thread's panels hold other columns than its SiLU's
+          product_share(L.gate_up, L.gate_up_panels, x.data(), nullptr, gate_up.data(), rows, hidden_, 2 * inter_, t,
+                        team);
+#pragma omp barrier
+        } else {  // the rows of the gate and up halves that this thread's SiLU reads
+          product(L.gate_up, x.data(), nullptr, gate_up.data(), rows, hidden_, 2 * inter_, int_lo, int_hi);
+          product(L.gate_up, x.data(), nullptr, gate_up.data(), rows, hidden_, 2 * inter_, inter_ + int_lo,
+                  inter_ + int_hi);
+        }
         for (int64_t b = 0; b < rows; ++b) {
           const float* gu = gate_up.data() + b * 2 * inter_;
           if (int_hi > int_lo) silu_mul_run(gu + int_lo, gu + inter_ + int_lo, act.data() + b * inter_ + int_lo,
                                             int_hi - int_lo);
         }
 #pragma omp barrier
-        product(L.down, act.data(), nullptr, down.data(), rows, inter_, hidden_, hid_lo, hid_hi);
+        product_share(L.down, L.down_panels, act.data(), nullptr, down.data(), rows, inter_, hidden_, t, team);
 #pragma omp barrier
       }
       if (t == 0) {
@@ -284,6 +335,17 @@ class DecodeStep : public torch::CustomClassHolder {
   }
 
  private:
+  static constexpr size_t PER_LAYER = 13;
+
+  // Row b's new K/V for kv head h: k rotated to its position, both written to the position's pool slot.
+  void write_kv(const Layer& L, const float* row, const int64_t* table, int64_t pos, int64_t h) const {
+    const int64_t q_size = heads_ * d_;
+    const int64_t slot = table[pos / block_size_] * block_size_ + pos % block_size_;
+    const int64_t at = (slot * kv_heads_ + h) * d_;
+    rope_head(row + q_size + h * d_, cos_ + pos * (d_ / 2), sin_ + pos * (d_ / 2), L.k_cache + at, d_ / 2);
+    std::copy_n(row + q_size + kv_heads_ * d_ + h * d_, d_, L.v_cache + at);
+  }
+
   std::vector<at::Tensor> keep_;
   std::vector<Layer> layers_;
   const float *embed_ = nullptr, *final_norm_ = nullptr, *cos_ = nullptr, *sin_ = nullptr;

@@ -57,6 +57,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="transformers' KV cache implementation")
     p.add_argument("--threads", type=int, default=None, help="torch threads for every subject (default: torch's)")
     p.add_argument("--compile", action="store_true", help="minillm with torch.compile'd decode steps")
+    p.add_argument("--cpu-decode-step", choices=["auto", "off"], default="auto",
+                   help="minillm's one-region C++ decode step on a CPU (engine/cpu_decode_step.py): where it "
+                        "applies (auto), or off (op by op, or the compiled graph with --compile)")
     p.add_argument("--quantization", choices=["int8", "int4", "int4-awq", "gptq", "w8a8", "fp8", "gguf"], default=None,
                    help="minillm's weight-only quantization (peers keep their own weights)")
     p.add_argument("--quantize-lm-head", action="store_true", help="minillm's LM head in int8 too")
@@ -275,7 +278,9 @@ def _subjects(args: argparse.Namespace, device: str, kv_bytes: int | None = None
 
     _log(f"loading minillm ({args.dtype}, {device})")
     subjects = [load_minillm(args.model, args.dtype, device, kv_bytes, compile=args.compile,
-                             quantization=args.quantization, quantize_lm_head=args.quantize_lm_head, **engine_kw)]
+                             quantization=args.quantization, quantize_lm_head=args.quantize_lm_head,
+                             cpu_decode_step=None if args.cpu_decode_step == "auto" else False, **engine_kw)]
+    args.decode_path = subjects[0].decode_path()  # recorded in the settings (_settings)
     if "transformers" in args.compare:
         from minillm.bench.hf_subject import load_transformers
 
@@ -348,7 +353,7 @@ def _settings(args: argparse.Namespace, device: str) -> dict[str, Any]:
             "threads": torch.get_num_threads(), "compare": list(args.compare), "hf_cache": args.hf_cache,
             "prefix_caching": False, "compile": args.compile, "seed": args.seed, "wait_quiet_s": args.wait_quiet,
             "quantization": args.quantization, "quantize_lm_head": args.quantize_lm_head,
-            **_llama_cpp_settings(args)}
+            "decode_path": getattr(args, "decode_path", None), **_llama_cpp_settings(args)}
 
 
 def _llama_cpp_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -30,6 +30,16 @@ class MinillmSubject:
     def config(self) -> ModelConfig:
         return self.engine.model.config
 
+    def decode_path(self) -> str:
+        """What runs this engine's decode steps of up to 16 rows: the one-region C++ step, the compiled
+        graph or the layers op by op (with the reason the C++ step does not apply)."""
+        executor = self.engine.executor
+        if getattr(executor, "decode_step", None) is not None:
+            return "one-region C++ step (engine/cpu_decode_step.py)"
+        why = getattr(executor, "decode_step_skipped", None)
+        path = "torch.compile graph" if self.engine.config.compile else "op by op"
+        return f"{path} (one-region step: {why})" if why else path
+
     def resize_kv_cache(self, kv_cache_memory_bytes: int) -> None:
         """A fresh engine over the same model with a KV pool of this many bytes (other settings kept)."""
         old = self.engine
@@ -37,6 +47,8 @@ class MinillmSubject:
         for attn in old.model.attention_layers():  # release the old pool before allocating the new one
             attn.k_cache = attn.v_cache = torch.empty(0)
             attn.k_scale = attn.v_scale = None
+        if getattr(old.executor, "decode_step", None) is not None:
+            old.executor.decode_step = None  # it holds the pool's tensors too
         pool = getattr(old.executor, "pool", None)
         if pool is not None:
             for tensors in (pool.k_caches, pool.v_caches, pool.k_scales, pool.v_scales):
@@ -102,6 +114,7 @@ def load_minillm(
     compile: bool = False,
     quantization: str | None = None,
     quantize_lm_head: bool = False,
+    cpu_decode_step: bool | None = None,
 ) -> MinillmSubject:
     """The engine LLM() builds, with the KV pool sized by the caller and prefix caching off
     (random prompts never hit; off, repeating a prompt cannot skip its prefill)."""
@@ -118,7 +131,8 @@ def load_minillm(
         loaded.model, loaded.tokenizer, loaded.eos_token_ids,
         EngineConfig(kv_cache_memory_bytes=kv_cache_memory_bytes, enable_prefix_caching=False,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                     compile=compile),  # torch.compile'd decode steps (the engine's option)
+                     compile=compile,  # torch.compile'd decode steps (the engine's option)
+                     cpu_decode_step=cpu_decode_step),  # None: the one-region CPU step where it applies
     )
     return MinillmSubject(engine)
 

@@ -12,10 +12,13 @@ at a barrier between ops, as llama.cpp's thread pool does (CUDA graphs are the G
 same per-launch cost: engine/cuda_graphs.py). Its values are the op-by-op step's bit for bit (the
 same inner functions, split the same way), so it replaces that step wherever it applies.
 
-It applies to decode-only steps of 1 to 16 rows of a float32 Llama-family model (Llama, Mistral,
-Qwen2, SmolLM2: `LlamaForCausalLM` itself) with plain [out, in] weights and a float32 paged KV cache
-on one process. `why_not` names what rules it out otherwise; EngineConfig.cpu_decode_step turns it
-off (False) or demands it (True: an error names the reason it cannot run).
+It applies to steps of 1 to 16 rows that each see the keys up to their own position -- decode rows,
+a speculative verify step's k + 1 rows, a prompt's tail after a prefix hit (not a draft tree) -- of a
+float32 Llama-family model (Llama, Mistral, Qwen2, SmolLM2: `LlamaForCausalLM` itself) with plain
+[out, in] weights (and their panels, where the engine packed them) and a float32 paged KV cache, on one
+process, with the torch attention backend. `why_not` names what rules it out otherwise;
+EngineConfig.cpu_decode_step turns it off (False) or demands it (True: an error names the reason it
+cannot run).
 """
 from __future__ import annotations
 
@@ -29,6 +32,13 @@ from minillm.engine.config import EngineConfig
 from minillm.engine.kv_cache import KVCachePool
 from minillm.models.layers import SwiGLU
 from minillm.models.llama import LlamaForCausalLM
+
+
+def panels_of(linear: nn.Module, empty: torch.Tensor) -> torch.Tensor:
+    """The layer's panel-packed copy where it has a current one (engine/few_row_panels.py), else `empty`:
+    the step reads them for 4 to 8 rows, as SkinnyLinear does."""
+    current = getattr(linear, "panels_current", None)
+    return linear.panels if current is not None and current() else empty
 
 
 def _plain_weight(linear: nn.Module) -> bool:
@@ -96,10 +106,12 @@ class CpuDecodeStep:
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             bias = attn.qkv_proj.bias
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             layers += [layer.input_layernorm.weight.detach(), attn.qkv_proj.weight.detach(),
                        bias.detach().contiguous() if bias is not None else empty, attn.o_proj.weight.detach(),
                        layer.post_attention_layernorm.weight.detach(), mlp.gate_up_proj.weight.detach(),
-                       mlp.down_proj.weight.detach(), pool.k_caches[i], pool.v_caches[i]]
+                       mlp.down_proj.weight.detach(), pool.k_caches[i], pool.v_caches[i],
+                       *(panels_of(m, empty) for m in linears)]
             windows.append(attn.sliding_window or 0)
         attn0 = model.layers[0].self_attn
         step = decode_step_cpu.load()(
@@ -109,14 +121,19 @@ class CpuDecodeStep:
         return cls(step, decode_step_cpu.MAX_ROWS)
 
     def fits(self, batch: StepBatch) -> bool:
-        """A decode-only step (one query token per sequence, no draft tree) of at most max_rows rows."""
-        return 0 < batch.num_seqs <= self.max_rows and batch.is_decode_only and not any(
-            t is not None for t in batch.tree_parents)
+        """At most max_rows rows, each a query that sees the keys up to its own position: decode rows, and
+        chunks over cached keys (a verify step's k + 1 rows, the tail of a prompt after a prefix hit) --
+        the rows the op-by-op step hands its paged-decode kernel as one call (attention/torch_backend.py,
+        kernel_rows). Not a prompt's first chunk, nor a draft tree (its nodes read other slots)."""
+        return (0 < len(batch.token_ids) <= self.max_rows
+                and all(q == 1 or q < s for q, s in zip(batch.query_lens, batch.seq_lens))
+                and not any(t is not None for t in batch.tree_parents))
 
     def run(self, batch: StepBatch) -> torch.Tensor:
         """The step's final hidden states [rows, hidden]; each row's K/V written to its pool slot."""
-        starts = [0]
-        for table in batch.block_tables:
-            starts.append(starts[-1] + len(table))
-        flat = [block for table in batch.block_tables for block in table]
-        return self.step.run(batch.token_ids, batch.positions, flat, starts)
+        starts, flat = [0], []
+        for table, rows in zip(batch.block_tables, batch.query_lens):
+            for _ in range(rows):  # each row of a chunk reads its sequence's table
+                flat += table
+                starts.append(len(flat))
+        return self.step.run(batch.token_ids, batch.positions, flat, starts, not batch.is_decode_only)
