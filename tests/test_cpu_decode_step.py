@@ -227,3 +227,22 @@ def test_a_prompts_tail_after_a_prefix_hit_runs_in_the_step():
     for (_, _, a), (_, _, b) in zip(ops[1], one[1]):
         assert torch.equal(a, b)
     assert all(torch.equal(a, b) for a, b in zip(ops[2], one[2]))
+
+
+def test_a_forward_hook_sends_the_step_back_to_the_layers():
+    """The step runs C++, not the modules' Python: while a module carries a forward hook (registered after
+    the engine started) the layers run op by op and the hook sees every step; removed, the step resumes."""
+    model = model_with(seed=14)
+    engine = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64))
+    step = engine.executor.decode_step
+    seen = []
+    handle = model.layers[1].mlp.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
+    engine.add_request("a", [3, 4, 5], greedy(4))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert seen == [3, 1, 1, 1] and step.hooked == "a forward hook on layers.1.mlp"
+    handle.remove()
+    engine.add_request("b", [3, 4, 5], greedy(4))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert step.hooked is None and len(seen) == 4

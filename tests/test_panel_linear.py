@@ -145,7 +145,9 @@ def test_a_speculative_engine_with_panels_keeps_greedy_output(monkeypatch):
     prompts = [p * 3 for p in random_prompts(4, 97, 3, 8, seed=3)]  # repeats: lookup finds drafts
 
     def go(speculative):
-        eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=256, speculative=speculative))
+        # the panel op is the subject: the one-region step (which reads the panels itself) stays off
+        eng = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=256, speculative=speculative,
+                                                      cpu_decode_step=False))
         for i, p in enumerate(prompts):
             eng.add_request(str(i), p, greedy(16))
         return eng, run_to_completion(eng)

@@ -22,10 +22,12 @@ cannot run).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.nn.modules import module as nn_module
+from torch.utils.hooks import RemovableHandle
 
 from minillm.engine.batch import StepBatch
 from minillm.engine.config import EngineConfig
@@ -88,10 +90,31 @@ def why_not(model: nn.Module, config: EngineConfig, quantized_kv: bool, device: 
     return None
 
 
+def first_hooked(modules: list[tuple[str, nn.Module]]) -> str | None:
+    """The first module whose Python the step would skip: a forward hook or pre-hook (its own or a global
+    one), or a `forward` assigned to the instance; None when there is none."""
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return "a global module forward hook"
+    for name, m in modules:
+        if m._forward_hooks or m._forward_pre_hooks:
+            return f"a forward hook on {name or 'the model'}"
+        if "forward" in m.__dict__:
+            return f"a forward assigned to {name or 'the model'}"
+    return None
+
+
 @dataclass
 class CpuDecodeStep:
     step: torch.ScriptObject  # torch.classes.minillm_step.DecodeStep, holding the weights and the pool
     max_rows: int
+    # The step runs C++, not the modules' Python: where a module carries a forward hook (an activation
+    # recorder, a runtime scale) or a replaced forward, the step stands aside and the layers run op by op.
+    # Registering any hook anywhere advances RemovableHandle.next_id, so the modules are walked again only
+    # when that counter moved, or while a hook holds the step back (removing one moves nothing); a
+    # `forward` assigned later, with no hook, is seen at the next walk.
+    modules: list[tuple[str, nn.Module]] = field(default_factory=list, repr=False)
+    hooked: str | None = None  # why the step stands aside now, or None
+    _hook_id: int = -1
 
     @classmethod
     def build(cls, model: LlamaForCausalLM, pool: KVCachePool) -> "CpuDecodeStep":
@@ -118,14 +141,17 @@ class CpuDecodeStep:
             [model.embed_tokens.weight.detach(), model.norm.weight.detach(), model.rotary.cos, model.rotary.sin],
             layers, [attn0.num_heads, attn0.num_kv_heads, attn0.head_dim, cfg.intermediate_size, *windows],
             [float(cfg.rms_norm_eps), float(attn0.scale)])
-        return cls(step, decode_step_cpu.MAX_ROWS)
+        return cls(step, decode_step_cpu.MAX_ROWS, list(model.named_modules()))
 
     def fits(self, batch: StepBatch) -> bool:
         """At most max_rows rows, each a query that sees the keys up to its own position: decode rows, and
         chunks over cached keys (a verify step's k + 1 rows, the tail of a prompt after a prefix hit) --
         the rows the op-by-op step hands its paged-decode kernel as one call (attention/torch_backend.py,
         kernel_rows). Not a prompt's first chunk, nor a draft tree (its nodes read other slots)."""
-        return (0 < len(batch.token_ids) <= self.max_rows
+        if self.hooked is not None or RemovableHandle.next_id != self._hook_id:  # (a removed hook: no new id)
+            self._hook_id = RemovableHandle.next_id
+            self.hooked = first_hooked(self.modules)
+        return (self.hooked is None and 0 < len(batch.token_ids) <= self.max_rows
                 and all(q == 1 or q < s for q, s in zip(batch.query_lens, batch.seq_lens))
                 and not any(t is not None for t in batch.tree_parents))
 
