@@ -36,13 +36,6 @@ from minillm.models.layers import SwiGLU
 from minillm.models.llama import LlamaForCausalLM
 
 
-# Rows the step takes beside a compiled graph: above 8 the graph's step ran faster. Paired in one process on
-# the 2-vCPU Zen 5, ms a step, op by op / compiled graph / this step: batch 1 15.1 / 12.2 / 11.1, batch 4
-# 15.8 / 13.2 / 12.3, batch 8 18.4 / 15.5 / 15.1, batch 12 24.6 / 21.5 / 22.6, batch 16 29.3 / 26.0 / 28.6.
-# Without a graph it takes all 16 (level with op by op at 16 rows, faster below).
-COMPILED_MAX_ROWS = 8
-
-
 def panels_of(linear: nn.Module, empty: torch.Tensor) -> torch.Tensor:
     """The layer's panel-packed copy where it has a current one (engine/few_row_panels.py), else `empty`:
     the step reads them for 4 to 8 rows, as SkinnyLinear does."""
@@ -124,10 +117,9 @@ class CpuDecodeStep:
     _hook_id: int = -1
 
     @classmethod
-    def build(cls, model: LlamaForCausalLM, pool: KVCachePool, compiled: bool = False) -> "CpuDecodeStep":
+    def build(cls, model: LlamaForCausalLM, pool: KVCachePool) -> "CpuDecodeStep":
         """Hand the step every weight and the pool's K/V tensors (it keeps references: a weight replaced
-        by another tensor afterwards is not seen; one written in place is). compiled: a compiled graph
-        serves the decode steps of more than COMPILED_MAX_ROWS rows."""
+        by another tensor afterwards is not seen; one written in place is)."""
         from minillm.kernels import decode_step_cpu
 
         cfg = model.config
@@ -149,7 +141,7 @@ class CpuDecodeStep:
             [model.embed_tokens.weight.detach(), model.norm.weight.detach(), model.rotary.cos, model.rotary.sin],
             layers, [attn0.num_heads, attn0.num_kv_heads, attn0.head_dim, cfg.intermediate_size, *windows],
             [float(cfg.rms_norm_eps), float(attn0.scale)])
-        return cls(step, COMPILED_MAX_ROWS if compiled else decode_step_cpu.MAX_ROWS, list(model.named_modules()))
+        return cls(step, decode_step_cpu.MAX_ROWS, list(model.named_modules()))
 
     def fits(self, batch: StepBatch) -> bool:
         """At most max_rows rows, each a query that sees the keys up to its own position: decode rows, and

@@ -128,8 +128,7 @@ class ModelRunner(Executor):
             else "CUDA graphs replay decode"
         if config.cpu_decode_step and self.decode_step_skipped:
             raise ValueError(f"cpu_decode_step=True, but this engine cannot run it: {self.decode_step_skipped}")
-        self.decode_step = (CpuDecodeStep.build(model, self.pool, compiled=config.compile)
-                            if self.decode_step_skipped is None else None)
+        self.decode_step = CpuDecodeStep.build(model, self.pool) if self.decode_step_skipped is None else None
         self.compiled_decode = None
         self.compiled_logits = None
         self.last_hidden: torch.Tensor | None = None  # final hidden states of the last step's logit rows
