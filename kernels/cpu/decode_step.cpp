@@ -235,21 +235,17 @@ class DecodeStep : public torch::CustomClassHolder {
       TORCH_CHECK(tables[i] >= 0 && tables[i] < blocks_, "DecodeStep: block ", tables[i], " is not in the pool");
       table32[i] = static_cast<int32_t>(tables[i]);
     }
-    int64_t longest = 0;
     for (int64_t b = 0; b < rows; ++b) {
       TORCH_CHECK(tokens[b] >= 0 && tokens[b] < vocab_, "DecodeStep: token ", tokens[b], " is not in the vocabulary");
       TORCH_CHECK(positions[b] >= 0 && positions[b] < positions_, "DecodeStep: position ", positions[b],
                   " is past the RoPE table");
       TORCH_CHECK(starts[b + 1] >= starts[b] && positions[b] / block_size_ < starts[b + 1] - starts[b],
                   "DecodeStep: row ", b, "'s block table does not reach position ", positions[b]);
-      longest = std::max(longest, positions[b] + 1);
     }
     at::Tensor out = at::empty({rows, hidden_}, at::TensorOptions().dtype(at::kFloat));
     const int64_t threads = std::max(1, at::get_num_threads());
     const int64_t group = heads_ / kv_heads_, q_size = heads_ * d_, qkv_n = q_size + 2 * kv_heads_ * d_;
     const int64_t tasks = rows * kv_heads_;
-    // the attention's split, as paged_attention.cpp decides it for the same call (windowed layers read
-    // fewer keys: their own split)
     const int64_t unit_floats = group * d_ + 2 * group;
     // shared between the threads: each writes its rows (or units), all read after the next barrier
     Aligned qkv(rows * qkv_n), o(rows * hidden_), gate_up(rows * 2 * inter_), act(rows * inter_),
@@ -281,6 +277,8 @@ class DecodeStep : public torch::CustomClassHolder {
           }
 #pragma omp barrier
         }
+        // the attention's split, as paged_attention.cpp decides it for the same call (windowed layers
+        // read fewer keys: their own split)
         int64_t layer_longest = 0;
         for (int64_t b = 0; b < rows; ++b)
           layer_longest = std::max(layer_longest, L.window > 0 ? std::min(positions[b] + 1, L.window) : positions[b] + 1);

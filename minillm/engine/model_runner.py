@@ -17,8 +17,7 @@ from minillm.attention.registry import make_attention_backend
 from minillm.engine.batch import StepBatch
 from minillm.engine.compile import frozen_compile, mark_pool_static
 from minillm.engine.config import EngineConfig
-from minillm.engine.cpu_decode_step import CpuDecodeStep
-from minillm.engine.cpu_decode_step import why_not as decode_step_why_not
+from minillm.engine.cpu_decode_step import CpuDecodeStep, why_not as decode_step_why_not
 from minillm.engine.cpu_memory import keep_freed_memory, release_freed_memory
 from minillm.engine.cuda_graphs import DecodeGraphs
 from minillm.engine.executor import Executor
