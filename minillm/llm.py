@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any, Iterator
 
@@ -21,6 +22,12 @@ from minillm.sampling_params import SamplingParams
 Message = dict[str, str]
 
 __all__ = ["LLM", "resolve_dtype"]
+
+
+def chat_params(params: SamplingParams | None) -> SamplingParams:
+    """A chat prompt's text comes from its template, which writes the BOS it wants: add no second one."""
+    params = params or SamplingParams()
+    return params if params.add_special_tokens is not None else dataclasses.replace(params, add_special_tokens=False)
 
 
 class LLM:
@@ -130,7 +137,7 @@ class LLM:
         """One conversation (list of {"role", "content"}) or several; each gets the model's chat template."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.apply_chat_template(c) for c in convs]  # type: ignore[arg-type]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, chat_params(sampling_params), use_tqdm=use_tqdm)
 
     def stream(self, prompt: str | list[int], sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield text as it is produced (one completion). Other queued requests keep progressing."""
@@ -158,4 +165,4 @@ class LLM:
                 self.engine.abort_request(rid)
 
     def stream_chat(self, messages: list[Message], sampling_params: SamplingParams | None = None) -> Iterator[str]:
-        return self.stream(self.apply_chat_template(messages), sampling_params)
+        return self.stream(self.apply_chat_template(messages), chat_params(sampling_params))

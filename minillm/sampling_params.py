@@ -28,6 +28,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # how many top alternatives to return per token (besides the sampled one)
     skip_special_tokens: bool = True
+    # a text prompt's special tokens (BOS/EOS): None follows the tokenizer's own rule (Gemma, Llama add
+    # BOS; Qwen, SmolLM2 add none); a chat prompt is rendered by its template, which decides: False there
+    add_special_tokens: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -62,6 +65,8 @@ class SamplingParams:
             bad(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             bad(f"seed must be an integer, got {self.seed!r}")
+        if self.add_special_tokens is not None and not isinstance(self.add_special_tokens, bool):
+            bad(f"add_special_tokens must be true, false or null, got {self.add_special_tokens!r}")
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty")
 

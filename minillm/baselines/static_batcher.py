@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.request import encode_text
 from minillm.sampling_params import SamplingParams
 
 PAD_PREFIX = "<pad>"  # request ids of the pad sequences: f"{PAD_PREFIX}{batch}.{k}"
@@ -88,7 +89,7 @@ def run_static(engine: LLMEngine, requests: list[tuple[str, str | list[int], Sam
         if p.n != 1 or p.stop or p.min_tokens:
             raise ValueError(f"{rid}: static mode supports n=1 without stop strings or min_tokens")
     # tokenized once, as the engine would, so the padding is counted on the ids the engine runs
-    ids = {rid: list(pr) if not isinstance(pr, str) else engine.tokenizer.encode(pr, add_special_tokens=False)
+    ids = {rid: list(pr) if not isinstance(pr, str) else encode_text(engine.tokenizer, pr)
            for rid, pr, _ in requests}
     batches = [requests[b : b + batch_size] for b in range(0, len(requests), batch_size)]
     pads = [_pad_pieces(sum(max(len(ids[r]) for r, _, _ in batch) - len(ids[r]) for r, _, _ in batch),

@@ -22,6 +22,17 @@ class RequestError(ValueError):
     """A request the engine refuses up front (it never enters the queue)."""
 
 
+def encode_text(tokenizer, text: str, add_special_tokens: bool | None = None) -> list[int]:
+    """A text prompt's token ids, with the special tokens its tokenizer adds (vLLM's rule for completions).
+
+    None follows the tokenizer: Gemma and Llama put BOS first, Qwen and SmolLM2 add nothing. A chat
+    prompt rendered by its template already holds its BOS as text, so chat passes False.
+    """
+    if not text:
+        return []
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens is not False)
+
+
 def check_priority(priority: object, request_id: str | None = None) -> None:
     """A request's priority is a plain integer (any sign; lower is served first)."""
     if not isinstance(priority, int) or isinstance(priority, bool):
@@ -88,7 +99,7 @@ class RequestBuilder:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("this engine has no tokenizer: pass prompt token ids")
-            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
+            text, ids = prompt, encode_text(self.tokenizer, prompt, params.add_special_tokens)
         else:
             text, ids = None, list(prompt)
         if not ids:

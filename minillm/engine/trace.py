@@ -43,6 +43,7 @@ class Arrival:
     num_prompt_tokens: int
     priority: int = 0
     lane: str = ""
+    prompt_token_ids: tuple[int, ...] = ()  # as the model reads them: BOS first where the tokenizer adds it
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ class StepTracer:
     # ----- between steps -----------------------------------------------------------------
     def arrived(self, request_id: str, seqs: list[Sequence], arrival_time: float, lane: str = "") -> None:
         self._arrivals.append(tr.Arrival(request_id, tuple(s.seq_id for s in seqs), arrival_time,
-                                         seqs[0].num_prompt_tokens, seqs[0].priority, lane))
+                                         seqs[0].num_prompt_tokens, seqs[0].priority, lane,
+                                         tuple(seqs[0].token_ids[: seqs[0].num_prompt_tokens])))
 
     def finished(self, seq: Sequence) -> None:
         self._finished.append(tr.Finished(seq.seq_id, seq.request_id, seq.finish_reason or "abort",

@@ -36,7 +36,8 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, state
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = to_sampling_params(req, max_tokens, k)
     text = prompts.chat_prompt(state, req.messages, req.add_generation_prompt)
-    ids = prompts.encode(state, text, "messages")
+    # the template's text decides the special tokens (vLLM's rule): no second BOS unless asked for
+    ids = prompts.encode(state, text, "messages", add_special_tokens=bool(req.add_special_tokens))
     prompts.check_context(state, ids, params.max_tokens, "messages")
     state.check_capacity(1)
 

@@ -36,7 +36,7 @@ async def create_completion(req: CompletionRequest, raw: Request, state: ServerS
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of is not supported by this server (only best_of == n)", "best_of")
     params = to_sampling_params(req, req.max_tokens, req.logprobs)
-    ids_list = [prompts.encode(state, p) for p in _prompt_list(req)]
+    ids_list = [prompts.encode(state, p, add_special_tokens=params.add_special_tokens) for p in _prompt_list(req)]
     for ids in ids_list:
         prompts.check_context(state, ids, params.max_tokens)
     state.check_capacity(len(ids_list))

@@ -1,20 +1,23 @@
 """Prompts to token ids on the handler side, so a prompt that cannot fit is refused before it queues.
 
-Text is encoded without special tokens, as LLM.generate does; a chat prompt
-gets the model's chat template, which adds whatever special tokens it needs.
+Text is encoded as LLM.generate encodes it (engine/request.encode_text): with the
+tokenizer's own special tokens unless the request says otherwise; a chat prompt
+gets the model's chat template, whose text holds whatever special tokens it needs.
 """
 from __future__ import annotations
 
+from minillm.engine.request import encode_text
 from minillm.server.errors import bad_request
 from minillm.server.protocol import ChatMessage
 from minillm.server.state import ServerState
 
 
-def encode(state: ServerState, prompt: str | list[int], param: str = "prompt") -> list[int]:
+def encode(state: ServerState, prompt: str | list[int], param: str = "prompt",
+           add_special_tokens: bool | None = None) -> list[int]:
     if isinstance(prompt, str):
         if state.tokenizer is None:
             raise bad_request("this server has no tokenizer: send the prompt as token ids", param)
-        ids = state.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
+        ids = encode_text(state.tokenizer, prompt, add_special_tokens)
     else:
         ids = list(prompt)
     if not ids:

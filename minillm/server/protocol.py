@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 
 class _Request(BaseModel):
@@ -43,6 +43,8 @@ class SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     repetition_penalty: float | None = None
+    # vLLM's: a text prompt's BOS/EOS; None: the tokenizer's rule (completions), the template's (chat: False)
+    add_special_tokens: StrictBool | None = None
     priority: StrictInt = 0  # vLLM's: lower is served first when the server runs --scheduling-policy priority
 
 

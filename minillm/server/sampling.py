@@ -49,6 +49,7 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
             skip_special_tokens=req.skip_special_tokens,
+            add_special_tokens=req.add_special_tokens,
         )
     except ValueError as e:
         raise bad_request(str(e), _param_of(str(e))) from e
