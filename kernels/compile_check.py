@@ -43,7 +43,7 @@ def specs(all_configs: bool = False) -> list[tuple]:
     out += [(torch.bfloat16, *s) for s in prefill.gpu_compile_specs(torch.bfloat16, head_dim=64, group=3, quant=0,
                                                                      tree=True)]
     if all_configs:
-        for c in paged_decode._GPU_CONFIGS:
+        for c in paged_decode.GPU_CONFIGS:
             cfg = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
             out += [(torch.bfloat16, *s) for s in paged_decode.gpu_compile_specs(torch.bfloat16, config=cfg)][:1]
     return out

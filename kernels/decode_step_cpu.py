@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from minillm import envs
 from minillm.kernels import gguf_cpu
 
 SOURCE = Path(__file__).with_name("cpu") / "decode_step.cpp"
@@ -28,5 +29,5 @@ def load():
 @functools.cache
 def available() -> bool:
     """Build/load once; False where the build fails or MINILLM_DECODE_STEP=ops (the step then runs op by op)."""
-    return gguf_cpu.loads_unless_turned_off("MINILLM_DECODE_STEP", "ops", load,
+    return gguf_cpu.loads_unless_turned_off(envs.MINILLM_DECODE_STEP, "ops", load,
                                             "one-region CPU decode step unavailable, running decode op by op")

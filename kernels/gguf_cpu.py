@@ -29,6 +29,8 @@ from typing import Callable
 
 import torch
 
+from minillm import envs
+
 SOURCE = Path(__file__).with_name("cpu") / "gguf_matmul.cpp"
 TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # ggml type ids
 BLOCK = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210),  # id -> (weights, bytes)
@@ -74,7 +76,7 @@ def _cpu_flags() -> str:
 
 
 def _cache_root() -> Path:
-    root = os.environ.get("MINILLM_CACHE_DIR")
+    root = envs.cache_dir()
     return Path(root) if root else Path.home() / ".cache" / "minillm"
 
 
@@ -165,7 +167,7 @@ def share_symbols(library: Path) -> None:
 def loads_unless_turned_off(variable: str, off: str, load, fallback: str) -> bool:
     """False where the environment turns the kernel off (e.g. MINILLM_SKINNY=mkl), else loads_or_warns:
     the `available()` of the few-row, tiled and paged-attention kernels, whose callers fall back."""
-    return os.environ.get(variable, "").lower() != off and loads_or_warns(load, fallback)
+    return not envs.turned_off(variable, off) and loads_or_warns(load, fallback)
 
 
 def loads_or_warns(load, fallback: str) -> bool:

@@ -32,18 +32,18 @@ several counts); where it does not hold, or off Intel, or with ``MINILLM_MKL_PAC
 from __future__ import annotations
 
 import functools
-import os
 import weakref
 from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
+from minillm import envs
 from minillm.kernels import tiled_cpu
 
 PACK_ROWS = 128  # the row count the packing is asked for (any count then reads it, see the docstring)
 MAX_ROWS = 256  # above, F.linear: x1.05 at 512 rows and level at 2,048 do not pay for a second copy
-DEFAULT_BUDGET_MB = 1024
+DEFAULT_BUDGET_MB = envs.MKL_PACK_MB_DEFAULT
 
 
 @dataclass
@@ -60,7 +60,7 @@ _held = 0  # sum of _packed's nbytes, kept as copies come and go (a weight past 
 
 def budget_bytes() -> int:
     """The most bytes all packed copies may hold (MINILLM_MKL_PACK_MB)."""
-    return int(float(os.environ.get("MINILLM_MKL_PACK_MB", DEFAULT_BUDGET_MB)) * 2**20)
+    return int(envs.mkl_pack_mb() * 2**20)
 
 
 def packed_bytes() -> int:
@@ -101,7 +101,7 @@ def works_here() -> bool:
 @functools.cache
 def enabled() -> bool:
     """Intel CPU (MKL's own sgemm is the one the engine uses there), not turned off, and `works_here`."""
-    return os.environ.get("MINILLM_MKL_PACK", "1") != "0" and tiled_cpu.mkl_preferred() and works_here()
+    return envs.mkl_pack() and tiled_cpu.mkl_preferred() and works_here()
 
 
 def applies(rows: int, x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from minillm import envs
 from minillm.kernels import gguf_cpu
 
 SOURCE = Path(__file__).with_name("cpu") / "paged_attention.cpp"
@@ -42,7 +43,7 @@ _ready = False  # set once the kernel loaded; read by traced code, so a compiled
 def available() -> bool:
     """Build/load once (call it eagerly); False where the build fails: the torch path runs, and says why once."""
     global _ready
-    _ready = gguf_cpu.loads_unless_turned_off("MINILLM_CPU_ATTENTION", "torch", load,
+    _ready = gguf_cpu.loads_unless_turned_off(envs.MINILLM_CPU_ATTENTION, "torch", load,
                                               "CPU paged attention unavailable, gathering K/V in PyTorch instead")
     return _ready
 

@@ -73,7 +73,7 @@ from minillm.kernels.kv_store import quant_launch_args
 
 
 @triton.jit
-def _decode_kernel(
+def decode_kernel(
     q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, sl_ptr,
     o_ptr, m_ptr, l_ptr,  # NUM_SPLITS == 1: o is the final [B,H,D]; else fp32 partials
     s_qb, s_qh, s_qd,
@@ -86,6 +86,8 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, F32: tl.constexpr,
     QUANT: tl.constexpr,
 ):
+    """One program per (sequence, kv head, split): the group's query heads against the keys of its pages
+    (the module docstring's algorithm). kernel_launcher picks its tiles; trace_tiles records it."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -161,13 +163,14 @@ def _decode_kernel(
 
 
 @triton.jit
-def _combine_kernel(
+def combine_kernel(
     po_ptr, m_ptr, l_ptr, o_ptr,
     s_pb, s_ph, s_ps, s_pd,
     s_ob, s_oh, s_od,
     H,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    """One program per (sequence, head): merge decode_kernel's NUM_SPLITS partial outputs by their max and sum."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, SPLITS_PAD)
@@ -187,7 +190,7 @@ def _combine_kernel(
 
 
 # GPU tile choices; the interpreter uses one big fixed tile instead (cost ~ programs x iterations)
-_GPU_CONFIGS = [
+GPU_CONFIGS = [
     triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
     for bn, w, st in [(32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3)]
 ]
@@ -196,14 +199,14 @@ _tuned = None
 NO_WINDOW = 1 << 30  # a window longer than any context: full attention, same kernel, no extra specialisation
 
 
-def _kernel_launcher(grid):
+def kernel_launcher(grid):
     """Autotuned kernel on a GPU; fixed big-tile kernel in the interpreter."""
     global _tuned
     if interpreting():
-        return _decode_kernel[grid], {"BLOCK_N": 128}
+        return decode_kernel[grid], {"BLOCK_N": 128}
     if _tuned is None:
-        _tuned = triton.autotune(_GPU_CONFIGS, key=["GROUP_PAD", "BLOCK_D", "PAGE", "NUM_SPLITS", "QUANT"])(
-            _decode_kernel)
+        _tuned = triton.autotune(GPU_CONFIGS, key=["GROUP_PAD", "BLOCK_D", "PAGE", "NUM_SPLITS", "QUANT"])(
+            decode_kernel)
     return _tuned[grid], {}
 
 
@@ -226,7 +229,7 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits,
                   PAGE=k_cache.shape[1], F32=f32, QUANT=quant)
     qk_scale = scale * LOG2E
     if num_splits == 1:
-        run, extra = _kernel_launcher((B, kvh, 1))
+        run, extra = kernel_launcher((B, kvh, 1))
         run(q, k_cache, v_cache, scales[0], scales[1], block_tables, seq_lens, out, out, out,
             *q.stride(), *k_cache.stride(), *scales[2:], block_tables.stride(0),
             out.stride(0), out.stride(1), 0, out.stride(2),
@@ -235,12 +238,12 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits,
     po = torch.empty(B, H, num_splits, D, dtype=torch.float32, device=q.device)
     pm = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
-    run, extra = _kernel_launcher((B, kvh, num_splits))
+    run, extra = kernel_launcher((B, kvh, num_splits))
     run(q, k_cache, v_cache, scales[0], scales[1], block_tables, seq_lens, po, pm, pl,
         *q.stride(), *k_cache.stride(), *scales[2:], block_tables.stride(0),
         po.stride(0), po.stride(1), po.stride(2), po.stride(3),
         qk_scale, window, HEAD_DIM=D, NUM_SPLITS=num_splits, **consts, **extra)
-    _combine_kernel[(B, H)](
+    combine_kernel[(B, H)](
         po, pm, pl, out, *po.stride(), *out.stride(), H, HEAD_DIM=D,
         NUM_SPLITS=num_splits, SPLITS_PAD=next_pow2(num_splits), BLOCK_D=next_pow2(D, 16),
     )
@@ -349,13 +352,13 @@ def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, 
         tile = f"N{c['BLOCK_N']},w{c['num_warps']},s{c['num_stages']}"
         kind = f"_{QUANT_NAME[quant]}kv" if quant else ""
         name = f"paged_decode{kind}[D{head_dim},G{group},splits={splits},{tile}]"
-        specs.append((name, _decode_kernel, sig, opts))
+        specs.append((name, decode_kernel, sig, opts))
     if quant:
         return specs  # the combine kernel reads fp32 partials whatever the cache holds
     sig = dict(po_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32", o_ptr=p,
                s_pb="i32:16", s_ph="i32:16", s_ps="i32:16", s_pd=1, s_ob="i32:16", s_oh="i32:16", s_od=1,
                H="i32", HEAD_DIM=head_dim, NUM_SPLITS=8, SPLITS_PAD=8, BLOCK_D=next_pow2(head_dim, 16))
-    specs.append(("paged_decode_combine", _combine_kernel, sig, {"num_warps": 4, "num_stages": 1}))
+    specs.append(("paged_decode_combine", combine_kernel, sig, {"num_warps": 4, "num_stages": 1}))
     return specs
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from minillm import envs
 from minillm.kernels import gguf_cpu
 
 SOURCE = Path(__file__).with_name("cpu") / "panel_f32.cpp"
@@ -31,7 +32,7 @@ def load():
 def available() -> bool:
     """Whether the kernel loads with its AVX-512 path: only then is packing a model's panels worth it.
     MINILLM_PANELS=0 turns it off."""
-    if not gguf_cpu.loads_unless_turned_off("MINILLM_PANELS", "0", load, "panel-packed few-row linear unavailable"):
+    if not gguf_cpu.loads_unless_turned_off(envs.MINILLM_PANELS, "0", load, "panel-packed few-row linear unavailable"):
         return False
     return bool(torch.ops.minillm_panel.simd())
 

@@ -76,7 +76,7 @@ from minillm.kernels.paged_decode import NO_WINDOW
 
 
 @triton.jit
-def _attend_tiles(
+def attend_tiles(
     acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off, s_head_off, d_ok, seq_len, qk_scale,
     s_cb, s_co, s_sb, s_so, lo, hi, window, q_real, tm_rows, tk_ptr, ctx,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, F32: tl.constexpr, MASKED: tl.constexpr, QUANT: tl.constexpr,
@@ -149,7 +149,7 @@ def _attend_tiles(
 
 
 @triton.jit
-def _prefill_kernel(
+def prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_ptr, cu_ptr, sl_ptr, o_ptr, tm_ptr, td_ptr,
     s_qt, s_qh, s_qd,
     s_cb, s_co, s_ch, s_cd,
@@ -161,6 +161,8 @@ def _prefill_kernel(
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, F32: tl.constexpr, QUANT: tl.constexpr, WINDOWED: tl.constexpr, TREE: tl.constexpr,
 ):
+    """One program per (head, query tile, sequence): BLOCK_M query rows of a chunk against the sequence's
+    cached and new keys through attend_tiles. kernel_launcher picks its tiles; trace_tiles records it."""
     h = tl.program_id(0)
     seq = tl.program_id(2) + first_seq
     q_start = tl.load(cu_ptr + seq)
@@ -212,13 +214,13 @@ def _prefill_kernel(
             lo_w = tl.maximum(ctx - window + 1, 0) // BLOCK_N * BLOCK_N
         all_w = tl.maximum(first_pos + BLOCK_M - window, 0)
         mid = tl.minimum(tl.maximum(tl.cdiv(all_w, BLOCK_N) * BLOCK_N, lo_w), full_end)
-        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
                                       s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, lo_w, mid, window,
                                       q_real, tm_rows, tk_ptr, ctx, BLOCK_N, PAGE, F32, True, QUANT, True, TREE)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
+    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
                                   s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, mid, full_end, window,
                                   q_real, tm_rows, tk_ptr, ctx, BLOCK_N, PAGE, F32, False, QUANT, WINDOWED, TREE)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
+    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, q_pos, kc_ptr, vc_ptr, ks_ptr, vs_ptr, bt_row, head_off,
                                   s_head_off, d_ok, seq_len, qk_scale, s_cb, s_co, s_sb, s_so, full_end, hi, window,
                                   q_real, tm_rows, tk_ptr, ctx, BLOCK_N, PAGE, F32, True, QUANT, WINDOWED, TREE)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # padded rows past a windowed chunk may see no key
@@ -226,7 +228,7 @@ def _prefill_kernel(
              cast_out(out, o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
-_GPU_CONFIGS = [
+GPU_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
     for bm, bn, w, st in [
         (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (128, 32, 4, 3),
@@ -237,15 +239,15 @@ _GPU_DEFAULT = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3} 
 _tuned: dict[int, object] = {}  # one autotuner per query-length bucket: short chunks tune apart
 
 
-def _kernel_launcher(max_q: int):
+def kernel_launcher(max_q: int):
     """Returns (kernel with grid bound later, fixed meta-params, BLOCK_M for the grid or None)."""
     if interpreting():
         bm = min(64, next_pow2(max_q, 16))
-        return _prefill_kernel, {"BLOCK_M": bm, "BLOCK_N": 64}
+        return prefill_kernel, {"BLOCK_M": bm, "BLOCK_N": 64}
     bucket = min(next_pow2(max_q, 16), 4096)
     if bucket not in _tuned:
-        _tuned[bucket] = triton.autotune(_GPU_CONFIGS, key=["BLOCK_D", "PAGE", "GROUP", "QUANT", "WINDOWED", "TREE"])(
-            _prefill_kernel)
+        _tuned[bucket] = triton.autotune(GPU_CONFIGS, key=["BLOCK_D", "PAGE", "GROUP", "QUANT", "WINDOWED", "TREE"])(
+            prefill_kernel)
     return _tuned[bucket], {}
 
 
@@ -276,7 +278,7 @@ def prefill_attention(
         return out
     if max_query_len is None:
         max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1])[first_seq:].max())
-    kernel, extra = _kernel_launcher(max_query_len)
+    kernel, extra = kernel_launcher(max_query_len)
     window = NO_WINDOW if window is None else int(window)
     assert 0 < window <= NO_WINDOW
     f32 = compute_in_f32(q.dtype if k_scale is not None else k_cache.dtype)  # codes widen to q's dtype
@@ -376,12 +378,12 @@ def gpu_compile_specs(dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, 
         opts = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
         tile = f"{c['BLOCK_M']}x{c['BLOCK_N']},w{c['num_warps']},s{c['num_stages']}"
         name = f"prefill{kind}{'_window' if windowed else ''}{'_tree' if tree else ''}[D{head_dim},G{group},{tile}]"
-        specs.append((name, _prefill_kernel, sig, opts))
+        specs.append((name, prefill_kernel, sig, opts))
     return specs
 
 
 def all_gpu_configs() -> list[dict]:
-    return [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for c in _GPU_CONFIGS]
+    return [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for c in GPU_CONFIGS]
 
 
 def perf_report(

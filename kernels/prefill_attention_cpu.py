@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from minillm import envs
 from minillm.kernels import gguf_cpu
 
 SOURCE = Path(__file__).with_name("cpu") / "prefill_attention.cpp"
@@ -38,7 +39,7 @@ _width = 8  # floats per vector of the loaded build: head_dim must be 1, 2, 4 or
 def available() -> bool:
     """Build/load once (call it eagerly); False where it cannot: torch's kernel runs, and says why once."""
     global _ready, _width
-    _ready = gguf_cpu.loads_unless_turned_off("MINILLM_CPU_PREFILL_ATTENTION", "torch", load,
+    _ready = gguf_cpu.loads_unless_turned_off(envs.MINILLM_CPU_PREFILL_ATTENTION, "torch", load,
                                               "CPU prefill attention unavailable, torch's SDPA runs instead")
     if _ready:
         _width = 16 if load().isa() == "avx512" else 8

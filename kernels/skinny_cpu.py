@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from minillm import envs
 from minillm.kernels import gguf_cpu
 
 SOURCE = Path(__file__).with_name("cpu") / "skinny_f32.cpp"
@@ -48,7 +49,7 @@ def load():
 def available() -> bool:
     """Build/load once (call it eagerly); False where the build fails or MINILLM_SKINNY=mkl: MKL runs instead."""
     global _ready
-    _ready = gguf_cpu.loads_unless_turned_off("MINILLM_SKINNY", "mkl", load,
+    _ready = gguf_cpu.loads_unless_turned_off(envs.MINILLM_SKINNY, "mkl", load,
                                               "few-row float32 linear unavailable, using MKL")
     return _ready
 

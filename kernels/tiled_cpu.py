@@ -45,13 +45,13 @@ row count from MIN_ROWS.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from minillm import envs
 from minillm.kernels import gguf_cpu
 
 SOURCE = Path(__file__).with_name("cpu") / "tiled_f32.cpp"
@@ -80,7 +80,7 @@ def mkl_preferred() -> bool:
     """True on an Intel CPU, where MKL runs its own tuned sgemm (the module docstring's Xeon table), unless
     MINILLM_TILED=full asks for the other CPUs' ranges (for comparisons). Read by `row_limits` and by
     SkinnyLinear's choice between W @ x.T and F.linear beyond the kernels."""
-    return os.environ.get("MINILLM_TILED", "").lower() != "full" and cpu_vendor() == "intel"
+    return envs.tiled() != "full" and cpu_vendor() == "intel"
 
 
 OUTRUNS_BY = 1.25  # how much faster than MKL at 512 rows the kernel must measure to take every row count
@@ -97,7 +97,7 @@ def outruns_mkl() -> bool:
     where a Zen 4 splits each FMA in two: there the tiled kernel measured 360-440 GFLOP/s at every row
     count from 32 to 2,048 on every layer of the default model (1.8-2.6x MKL), on the Zen 4 0.93x MKL at
     256 rows of MLP down. The vendor does not tell the two apart, so the kernels are timed on one product."""
-    setting = os.environ.get("MINILLM_TILED", "").lower()
+    setting = envs.tiled()
     if setting == "all":
         return True
     if setting in ("full", "mkl") or not available():
@@ -137,7 +137,7 @@ def load():
 def available() -> bool:
     """Build/load once (call it eagerly); False where the build fails or MINILLM_TILED=mkl: MKL runs instead."""
     global _ready
-    _ready = gguf_cpu.loads_unless_turned_off("MINILLM_TILED", "mkl", load,
+    _ready = gguf_cpu.loads_unless_turned_off(envs.MINILLM_TILED, "mkl", load,
                                               "batched float32 linear unavailable, using MKL")
     return _ready
 

@@ -260,12 +260,12 @@ def _tracing(handlers: dict[str, Any], filenames: set[str]) -> Iterator[None]:
 @contextlib.contextmanager
 def _fixed_tiles(module, launcher) -> Iterator[None]:
     """Swap a kernel module's launcher (the one thing choosing tile sizes) for the length of a run."""
-    original = module._kernel_launcher
-    module._kernel_launcher = launcher
+    original = module.kernel_launcher
+    module.kernel_launcher = launcher
     try:
         yield
     finally:
-        module._kernel_launcher = original
+        module.kernel_launcher = original
 
 
 def _require_interpreter() -> None:
@@ -374,10 +374,10 @@ class _Recorder:
 
     def start_prefill_program(self, frame) -> None:
         k = frame.f_back
-        while k is not None and k.f_code.co_name != "_prefill_kernel":
+        while k is not None and k.f_code.co_name != "prefill_kernel":
             k = k.f_back
         if k is None:
-            raise RuntimeError("_attend_tiles ran outside _prefill_kernel: the recorder cannot name its program")
+            raise RuntimeError("attend_tiles ran outside prefill_kernel: the recorder cannot name its program")
         K = k.f_locals
         h, seq, tile = _int(K["h"]), _int(K["seq"]), _int(K["tile"])
         group = _int(K["GROUP"])
@@ -402,11 +402,11 @@ def trace_paged_decode(
     _require_interpreter()
     _check_tile("block_n", block_n)
     rec = _Recorder("paged_decode")
-    file, line = _loop_line(_pd._decode_kernel)
-    handlers = {"_decode_kernel": rec.decode_handler(line), "_combine_kernel": rec.combine_handler()}
+    file, line = _loop_line(_pd.decode_kernel)
+    handlers = {"decode_kernel": rec.decode_handler(line), "combine_kernel": rec.combine_handler()}
 
     def launcher(grid):
-        return _pd._decode_kernel[grid], {"BLOCK_N": block_n}
+        return _pd.decode_kernel[grid], {"BLOCK_N": block_n}
 
     with _fixed_tiles(_pd, launcher), _tracing(handlers, {file}):
         if num_splits > 1:
@@ -427,11 +427,11 @@ def trace_prefill(
     _check_tile("block_m", block_m)
     _check_tile("block_n", block_n)
     rec = _Recorder("prefill")
-    file, line = _loop_line(_pf._attend_tiles)
-    handlers = {"_prefill_kernel": rec.prefill_kernel_handler(), "_attend_tiles": rec.attend_handler(line)}
+    file, line = _loop_line(_pf.attend_tiles)
+    handlers = {"prefill_kernel": rec.prefill_kernel_handler(), "attend_tiles": rec.attend_handler(line)}
 
     def launcher(max_q):
-        return _pf._prefill_kernel, {"BLOCK_M": block_m, "BLOCK_N": block_n}
+        return _pf.prefill_kernel, {"BLOCK_M": block_m, "BLOCK_N": block_n}
 
     with _fixed_tiles(_pf, launcher), _tracing(handlers, {file}):
         out = _pf.prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)

@@ -1,5 +1,5 @@
 """minillm: a compact, complete LLM inference engine to learn from."""
-from minillm import hub_kernels
+from minillm import envs, hub_kernels
 
 hub_kernels.install()  # before transformers is imported: see minillm/hub_kernels.py
 
@@ -12,7 +12,7 @@ from minillm.sampling_params import SamplingParams
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "RequestError", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
 __version__ = "0.1.0"
 
-if __import__("os").environ.get("MINILLM_EXERCISES"):  # the course's exercise switch (minillm/exercises.py)
+if envs.get(envs.MINILLM_EXERCISES):  # the course's exercise switch (minillm/exercises.py)
     from minillm.exercises import use_from_env
 
     use_from_env()

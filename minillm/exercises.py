@@ -27,11 +27,12 @@ the LLM inside the switch. The other seams are read at every call.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Callable, Iterable
+
+from minillm import envs
 
 CHOICES = ("reference", "learner", "solutions")
 
@@ -135,7 +136,7 @@ def parse_env(value: str) -> tuple[str, list[str] | None]:
 
 def use_from_env() -> None:
     """Apply MINILLM_EXERCISES, if set (minillm/__init__.py calls this)."""
-    value = os.environ.get("MINILLM_EXERCISES", "").strip()
+    value = envs.exercises()
     if value:
         choice, only = parse_env(value)
         use(choice, only)

@@ -47,6 +47,7 @@ $PY scripts/book_chapters.py book/chapters/*.ipynb
   echo "chapters:"
   echo "  - file: architecture"
   echo "  - file: usage"
+  echo "  - file: environment"
   for nb in "${notebooks[@]}"; do
     echo "  - file: chapters/$(basename "$nb" .ipynb)"
   done

@@ -195,7 +195,7 @@ def test_recording_leaves_nothing_behind(decode_case):
     def outer(frame, event, arg):  # another tracer (a debugger, coverage) must survive
         return None
 
-    launchers = (pd._kernel_launcher, pf._kernel_launcher)
+    launchers = (pd.kernel_launcher, pf.kernel_launcher)
     prev = sys.gettrace()
     sys.settrace(outer)
     try:
@@ -203,7 +203,7 @@ def test_recording_leaves_nothing_behind(decode_case):
         assert sys.gettrace() is outer
     finally:
         sys.settrace(prev)
-    assert (pd._kernel_launcher, pf._kernel_launcher) == launchers
+    assert (pd.kernel_launcher, pf.kernel_launcher) == launchers
     # the untraced kernel still uses its own tile sizes and gives the same answer
     out = pd.paged_decode_attention(w.q, w.k_cache, w.v_cache, w.block_tables, w.seq_lens, SCALE)
     ref = pd.paged_decode_attention_ref(w.q, w.k_cache, w.v_cache, w.block_tables, w.seq_lens, SCALE)

@@ -10,7 +10,7 @@ from minillm.config import ModelConfig
 from minillm.models.gemma3 import Gemma3ForCausalLM
 from minillm.models.layers import RMSNorm
 from minillm.quant import quantize_model
-from minillm.quant.apply import _divide_norm
+from minillm.quant.apply import divide_norm
 
 
 def test_folding_into_a_unit_offset_norm_is_exact():
@@ -21,7 +21,7 @@ def test_folding_into_a_unit_offset_norm_is_exact():
     x, s = torch.randn(5, 64), torch.rand(64) + 0.5
     before = norm(x)
     with torch.no_grad():
-        _divide_norm(norm, s)
+        divide_norm(norm, s)
     torch.testing.assert_close(norm(x) * s, before, atol=1e-5, rtol=1e-5)
 
 

@@ -158,9 +158,9 @@ MATMUL_REL_TOL = 1e-2
 
 @pytest.mark.slow  # reads ~25 MB of Q4_K rows; ~10 s on 2 cores
 def test_every_q4k_tensor_of_the_real_file_packs_exactly_and_matmuls_within_tolerance():
-    from minillm.loader.gguf import _Reader
+    from minillm.loader.gguf import FastGGUFReader
 
-    reader = _Reader(_real_path())
+    reader = FastGGUFReader(_real_path())
     tensors = [t for t in reader.tensors if t.tensor_type == Q4_K]
     assert tensors, "the Q4_K_M file has Q4_K tensors"
     gen = torch.Generator().manual_seed(0)

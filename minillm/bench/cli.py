@@ -445,9 +445,9 @@ def _serve(args: argparse.Namespace) -> dict[str, Any]:
                         model=args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)",
                         dtype=args.dtype, device=device, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens, prefix_caching=False)
-    from minillm.bench.runner import _context
+    from minillm.bench.runner import report_context
 
-    report = build_report("serve", **_context(None, device), settings=settings, workload=wl.to_dict(), **summary)
+    report = build_report("serve", **report_context(None, device), settings=settings, workload=wl.to_dict(), **summary)
     print(format_serve(summary))
     return report
 
@@ -456,7 +456,7 @@ def _prefix_chat(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench.minillm_subject import load_minillm
     from minillm.bench.prefix_chat import ChatWorkload, chat_engines, format_chat, measure_chat, summarize_chat
     from minillm.bench.report import build_report
-    from minillm.bench.runner import _context
+    from minillm.bench.runner import report_context
 
     device = _device(args)
     wl = ChatWorkload(args.prefix_len or 256, args.conversations, args.num_turns or 4, tuple(args.turn_len_range),
@@ -473,7 +473,7 @@ def _prefix_chat(args: argparse.Namespace) -> dict[str, Any]:
                 "device": device, "threads": torch.get_num_threads(), "seed": args.seed, "block_size": bs,
                 "num_kv_blocks": blocks, "final_turn_blocks": sum(-(-n // bs) for n in wl.final_lengths(cfg.vocab_size)),
                 "max_num_batched_tokens": subject.engine.config.max_num_batched_tokens}
-    report = build_report("prefix", **_context(None, device), settings=settings, workload=wl.to_dict(), **summary)
+    report = build_report("prefix", **report_context(None, device), settings=settings, workload=wl.to_dict(), **summary)
     print(format_chat(summary))
     return report
 
@@ -481,7 +481,7 @@ def _prefix_chat(args: argparse.Namespace) -> dict[str, Any]:
 def _serve_mixed(args: argparse.Namespace, device: str) -> dict[str, Any]:
     from minillm import LLM
     from minillm.bench.report import build_report
-    from minillm.bench.runner import _context
+    from minillm.bench.runner import report_context
     from minillm.bench.serve_mixed import MixedWorkload, format_mixed, measure_policies, parse_policies
     from minillm.engine.llm_engine import LLMEngine
 
@@ -514,7 +514,7 @@ def _serve_mixed(args: argparse.Namespace, device: str) -> dict[str, Any]:
                 "device": device, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                 "prefix_caching": False, "short_lane_max_tokens": cfg.short_lane_max_tokens,
                 "short_lane_share": cfg.short_lane_share, "long_lane_max_wait_steps": cfg.long_lane_max_wait_steps}
-    report = build_report("serve", **_context(None, device), settings=settings, workload=wl.to_dict(), **summary)
+    report = build_report("serve", **report_context(None, device), settings=settings, workload=wl.to_dict(), **summary)
     print(format_mixed(summary))
     return report
 
@@ -523,7 +523,7 @@ def _prefix(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench.minillm_subject import kv_bytes_for, load_minillm
     from minillm.bench.prefix import PrefixWorkload, measure_prefix, summarize_prefix, twin_engines
     from minillm.bench.report import build_report, format_prefix
-    from minillm.bench.runner import _context
+    from minillm.bench.runner import report_context
     from minillm.roofline.machine_state import probe_machine_state
 
     if args.workload == "chat":
@@ -544,7 +544,7 @@ def _prefix(args: argparse.Namespace) -> dict[str, Any]:
     settings = {"model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)", "dtype": args.dtype,
                 "device": device, "threads": torch.get_num_threads(), "seed": args.seed, "kv_cache_bytes": kv,
                 "block_size": engines["cached"].config.block_size}
-    report = build_report("prefix", **_context(None, device),
+    report = build_report("prefix", **report_context(None, device),
                           machine_state={"before": before.to_dict(), "after": after.to_dict()},
                           settings=settings, workload=wl.to_dict(), **summary)
     print(format_prefix(summary))
@@ -553,7 +553,7 @@ def _prefix(args: argparse.Namespace) -> dict[str, Any]:
 
 def _tp(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench.report import build_report
-    from minillm.bench.runner import _context
+    from minillm.bench.runner import report_context
     from minillm.bench.tp import TPWorkload, analytic_section, format_tp, measure_tp
 
     device = _device(args)
@@ -564,7 +564,7 @@ def _tp(args: argparse.Namespace) -> dict[str, Any]:
     settings = {"model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)", "dtype": args.dtype,
                 "device": device, "tp": args.tp, "backend": "nccl" if device.startswith("cuda") else "gloo",
                 "rank0_threads": torch.get_num_threads(), "timeout_s": args.timeout}
-    report = build_report("tp", **_context(None, device), settings=settings, workload=wl.to_dict(),
+    report = build_report("tp", **report_context(None, device), settings=settings, workload=wl.to_dict(),
                           measured=result, analytic=model_section)
     print(format_tp(result, model_section))
     return report
@@ -573,7 +573,7 @@ def _tp(args: argparse.Namespace) -> dict[str, Any]:
 def _spec(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench import spec as sb
     from minillm.bench.report import build_report
-    from minillm.bench.runner import _context
+    from minillm.bench.runner import report_context
     from minillm.engine.config import resolve_dtype
     from minillm.loader import load_model
     from minillm.roofline.machine_state import probe_machine_state
@@ -611,7 +611,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
                 "device": device, "threads": torch.get_num_threads(), "seed": args.seed, "proposers": proposers,
                 "ks": args.ks, "batch_sizes": args.batch_sizes, "batch_k": args.batch_k, "repeats": args.repeats,
                 "prefix_caching": False, "quantization": args.quantization, "compile": args.compile}
-    report = build_report("spec", **_context(None, device),
+    report = build_report("spec", **report_context(None, device),
                           machine_state={"before": before.to_dict(), "after": after.to_dict()},
                           settings=settings, workload=workloads, **summary)
     print(sb.format_spec(summary))
@@ -621,7 +621,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
 def _quant(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench.quant import PeerDecodeRow, format_quant, measure_quant, peer_ratios
     from minillm.bench.report import build_report
-    from minillm.bench.runner import _context
+    from minillm.bench.runner import report_context
     from minillm.eval.ppl import parse_setting
     from minillm.loader import load_model
 
@@ -664,7 +664,7 @@ def _quant(args: argparse.Namespace) -> dict[str, Any]:
         for p in peers:
             p.close()
     note = "; ".join(args.peer_notes.values()) or None
-    report = build_report("quant", **_context(roofs, "cpu"), workload=wl,
+    report = build_report("quant", **report_context(roofs, "cpu"), workload=wl,
                           settings={"model": args.model or "default", "threads": torch.get_num_threads(),
                                     "dtype": args.dtype, "sequential": sequential,
                                     "group_size": args.group_size, "settings": list(settings),

@@ -47,12 +47,7 @@ class MinillmSubject:
         for attn in old.model.attention_layers():  # release the old pool before allocating the new one
             attn.k_cache = attn.v_cache = torch.empty(0)
             attn.k_scale = attn.v_scale = None
-        if getattr(old.executor, "decode_step", None) is not None:
-            old.executor.decode_step = None  # it holds the pool's tensors too
-        pool = getattr(old.executor, "pool", None)
-        if pool is not None:
-            for tensors in (pool.k_caches, pool.v_caches, pool.k_scales, pool.v_scales):
-                tensors.clear()
+        old.executor.release_kv_cache()
         self.engine = LLMEngine(old.model, old.tokenizer, sorted(old.eos_token_ids), config)
 
     def run(self, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[RequestOutput], list[StepTrace]]:

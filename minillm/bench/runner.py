@@ -22,7 +22,9 @@ from minillm.roofline.same_run import SameRunRoof, bandwidth_probe, matmul_probe
 Log = Callable[[str], None]
 
 
-def _context(roofs: Roofs | None, device: str, same_run: SameRunRoof | None = None) -> dict[str, Any]:
+def report_context(roofs: Roofs | None, device: str, same_run: SameRunRoof | None = None) -> dict[str, Any]:
+    """The fields every bench report carries about where it ran: the machine, its measured roofs (None
+    when not measured) and the roof measured again during this run."""
     return {"machine": machine_info(device).to_dict(), "roofs": roofs.to_dict() if roofs else None,
             "same_run_roof": same_run.to_dict() if same_run else None}
 
@@ -44,7 +46,7 @@ def latency_report(
                                 compiled=bool(settings.get("compile")),
                                 same_run_roofs=same_run.around_repeats(repeats) if same_run else None)
     report = build_report(
-        "latency", **_context(roofs, device, same_run),
+        "latency", **report_context(roofs, device, same_run),
         machine_state={"before": before.to_dict(), "after": after.to_dict()},
         settings={**settings, "dtype": str(dtype).removeprefix("torch."), "repeats": repeats,
                   "prefill_repeats": prefill_repeats, "subjects": [s.name for s in subjects]},
@@ -68,7 +70,7 @@ def throughput_report(
     summary = summarize_throughput(runs, compute_roof=roofs.flops_per_s(name) if roofs and name in roofs.matmul else None,
                                    same_run_roofs=same_run.around_repeats(repeats) if same_run else None)
     report = build_report(
-        "throughput", **_context(roofs, device, same_run),
+        "throughput", **report_context(roofs, device, same_run),
         machine_state={"before": before.to_dict(), "after": after.to_dict()},
         settings={**settings, "dtype": str(dtype).removeprefix("torch."), "repeats": repeats,
                   "subjects": [s.name for s in subjects]},

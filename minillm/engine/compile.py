@@ -25,7 +25,6 @@ MINILLM_COMPILE_GUARDS=always turns the skipping off.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import types
 import warnings
@@ -35,6 +34,7 @@ from typing import Any
 
 import torch
 
+from minillm import envs
 from minillm.engine.huge_pages import collapse_into_huge_pages, huge_pages_enabled
 
 
@@ -79,7 +79,7 @@ def wrapper_options(cpu: bool) -> dict[str, Any]:
     asserts off the step took 17% less in the same process (paired, 5 repeats); the price is
     compile time, ~2x from a cold cache (the wrapper is one more C++ file per graph).
     MINILLM_COMPILE_WRAPPER=python keeps the Python wrapper."""
-    if not cpu or os.environ.get("MINILLM_COMPILE_WRAPPER", "cpp") == "python":
+    if not cpu or not envs.compile_cpp_wrapper():
         return {}
     return {"cpp_wrapper": True, "size_asserts": False, "alignment_asserts": False,
             "aot_inductor.custom_ops_to_c_shims": direct_calls()}
@@ -96,7 +96,7 @@ def direct_calls() -> dict:
     loads (gguf_cpu.share_symbols). An op is listed only where its kernel loaded and the name resolves
     in this process: a graph that named a missing function would fail to load.
     MINILLM_COMPILE_DIRECT_CALLS=0 keeps the dispatcher."""
-    if os.environ.get("MINILLM_COMPILE_DIRECT_CALLS", "1") == "0":
+    if not envs.compile_direct_calls():
         return {}
     import ctypes
 
@@ -174,7 +174,7 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
     import torch.fx.experimental._config as shape_config
 
     if skip_seen_guards is None:
-        skip_seen_guards = os.environ.get("MINILLM_COMPILE_GUARDS", "seen") != "always"
+        skip_seen_guards = envs.compile_skip_seen_guards()
     target = private_code(fn)
     compiled = torch.compile(target, dynamic=True)
     seen: set[Hashable] = set()

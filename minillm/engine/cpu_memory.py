@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import platform
 import sys
 
-MALLOC_ENV = "MINILLM_MALLOC"
+from minillm import envs
+
+MALLOC_ENV = envs.MINILLM_MALLOC
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 256 << 20  # above a step's activations; a KV pool still gets its own mapping
@@ -40,7 +41,7 @@ TRIM_THRESHOLD = 1 << 30
 @functools.cache
 def keep_freed_memory() -> str:
     """Set glibc's mmap and trim thresholds once per process; returns what was done, for the bench JSON."""
-    if os.environ.get(MALLOC_ENV, "").lower() == "system":
+    if envs.malloc_system():
         return f"system ({MALLOC_ENV}=system)"
     if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
         return "system (not glibc)"

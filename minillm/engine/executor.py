@@ -55,5 +55,16 @@ class Executor(ABC):
         """A mixture-of-experts model's tokens per expert per layer since the last call; None for a dense one."""
         return None
 
+    def release_kv_cache(self) -> None:
+        """Drop this process's references to the KV pool's tensors, and to what was built over them (the
+        CPU decode step), so that a new engine over the same model can allocate its pool first; the executor
+        cannot run a step afterwards. This default covers ModelRunner (its `decode_step` and `pool`); an
+        executor that holds no pool in this process has nothing to drop."""
+        if getattr(self, "decode_step", None) is not None:
+            self.decode_step = None  # it holds the pool's tensors too
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.release()
+
     def close(self) -> None:
         """Release processes and process groups, if any; safe to call twice."""

@@ -23,17 +23,17 @@ stale panels on its next call (`SkinnyLinear.panels_current`).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from minillm import envs
 from minillm.engine.huge_pages import huge_page_empty, huge_pages_enabled
 from minillm.kernels import panel_cpu
 from minillm.roofline.machine import meminfo_bytes
 
-PANELS_ENV = "MINILLM_PANELS"  # "0": never; "1": every eager float32 CPU engine; unset: speculative engines
+PANELS_ENV = envs.MINILLM_PANELS  # "0": never; "1": every eager float32 CPU engine; unset: speculative engines
 
 
 @dataclass
@@ -54,7 +54,7 @@ class PanelReport:
 
 def panels_wanted(model: nn.Module, config) -> str:
     """"" where this engine should pack panels, else the reason it should not."""
-    setting = os.environ.get(PANELS_ENV, "")
+    setting = envs.panels()
     if setting == "0":
         return f"{PANELS_ENV}=0"
     if config.compile:

@@ -31,7 +31,6 @@ import ctypes
 import dataclasses
 import errno
 import mmap
-import os
 import sys
 import weakref
 from collections.abc import Iterable
@@ -40,9 +39,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from minillm import envs
 from minillm.engine.cpu_memory import release_freed_memory
 
-HUGE_PAGES_ENV = "MINILLM_HUGE_PAGES"
+HUGE_PAGES_ENV = envs.MINILLM_HUGE_PAGES
 HUGE_PAGE = 2 << 20
 ALIGN = 4096  # each tensor starts on its own 4 KB page inside the mapping
 MIN_BYTES = 64 << 10  # smaller tensors (norm weights, biases) stay where they are
@@ -55,7 +55,7 @@ _done = {"moved": 0, "moved_huge": 0, "collapsed": 0, "collapsed_huge": 0}  # by
 
 def huge_pages_enabled() -> bool:
     """False where MINILLM_HUGE_PAGES=0 (the weights stay where the loader or inductor put them)."""
-    return os.environ.get(HUGE_PAGES_ENV, "1") != "0"
+    return envs.huge_pages()
 
 
 def thp_mode() -> str:

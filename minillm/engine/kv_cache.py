@@ -125,6 +125,13 @@ class KVCachePool:
             self.k_scales = [torch.ones(shape[:3], dtype=SCALE_DTYPE, device=device) for _ in layers]
             self.v_scales = [torch.ones(shape[:3], dtype=SCALE_DTYPE, device=device) for _ in layers]
 
+    def release(self) -> None:
+        """Drop every reference this pool holds to its tensors (so their memory can go before a new pool is
+        allocated); the pool is empty afterwards and cannot serve a step."""
+        for tensors in (self.k_caches, self.v_caches, self.k_scales, self.v_scales):
+            tensors.clear()
+        self._bound_model, self._bound_layers = None, []
+
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in self.k_caches + self.v_caches + self.k_scales + self.v_scales if t is not None]
 

@@ -8,11 +8,11 @@ A tensor-parallel rank runs the same ModelRunner on its shard (parallel/), so
 """
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch
 
+from minillm import envs
 from minillm.attention.registry import make_attention_backend
 from minillm.engine.batch import StepBatch
 from minillm.engine.compile import frozen_compile, mark_pool_static
@@ -52,8 +52,8 @@ def check_moe_options(config: EngineConfig) -> None:
                          "reads token counts on the host every layer, which a graph cannot capture)")
 
 
-COMPILED_BODY_ENV = "MINILLM_COMPILED_BODY"
-COMPILED_BODY_LAYOUTS = ("row-major", "k-major")
+COMPILED_BODY_ENV = envs.MINILLM_COMPILED_BODY
+COMPILED_BODY_LAYOUTS = envs.COMPILED_BODY_LAYOUTS
 
 
 def compiled_body_layout() -> str:
@@ -69,13 +69,11 @@ def compiled_body_layout() -> str:
     prefill at 953 against 1,534 ms (x1.61 paired, six runs) and its decode step level (x0.996); a
     2-vCPU Xeon, where MKL wins, put it 12-18% behind. Row-major also runs small batches faster (a few
     users, speculative verify steps: batch 8 x1.21-1.23 on the Xeon)."""
-    layout = os.environ.get(COMPILED_BODY_ENV)
+    layout = envs.compiled_body()  # ValueError for another value
     if layout is None:
         from minillm.kernels import tiled_cpu
 
         return "row-major" if tiled_cpu.outruns_mkl() else "k-major"  # False where the kernel did not build
-    if layout not in COMPILED_BODY_LAYOUTS:
-        raise ValueError(f"{COMPILED_BODY_ENV} must be one of {COMPILED_BODY_LAYOUTS}, got {layout!r}")
     return layout
 
 

@@ -17,7 +17,6 @@ GGUF differs from a Hugging Face folder in three ways that matter here:
 """
 from __future__ import annotations
 
-import os
 import re
 import warnings
 from pathlib import Path
@@ -30,6 +29,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize
 from transformers import PreTrainedTokenizerFast
 
+from minillm import envs
 from minillm.config import ModelConfig
 from minillm.loader.base import LoadedModel, ModelLoadError, check_runnable, empty_model, eos_union, fill_model
 
@@ -85,7 +85,7 @@ def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-class _Reader(gguf.GGUFReader):
+class FastGGUFReader(gguf.GGUFReader):
     """gguf.GGUFReader over a plain ndarray view of the file's memory map.
 
     The reader slices its `data` once per metadata element (~250k for a
@@ -203,7 +203,7 @@ FAST_DEQUANT_MIN_BYTES = 256 << 20
 
 def _fast_dequantizer(block_bytes: int):
     """torch.ops.minillm_gguf.dequantize when the kernels are loaded, or build here for a big file; else None."""
-    if os.environ.get("MINILLM_GGUF_KERNELS") == "int4":  # the portable route end to end
+    if envs.gguf_int4():  # the portable route end to end
         return None
     from minillm.kernels import gguf_cpu
 
@@ -273,7 +273,7 @@ def open_gguf(path: Path) -> tuple[gguf.GGUFReader, dict[str, Any], ModelConfig]
     tensor type id, an unsupported architecture.
     """
     try:
-        reader = _Reader(path)
+        reader = FastGGUFReader(path)
     except ValueError as e:
         if "GGMLQuantizationType" not in str(e):
             raise ModelLoadError(str(path), f"not a readable GGUF file: corrupt or truncated (ValueError: {e})") from e

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from minillm import envs
 from minillm.loader.base import ModelLoadError
 
 _BLOCK = 4 << 20  # bytes per read while copying / hashing: streamed, never the whole file
@@ -177,7 +178,7 @@ register(RegisteredModel(
 
 def cache_dir() -> Path:
     """Where assembled files live: $MINILLM_CACHE_DIR, else ~/.cache/minillm/models (read at each call)."""
-    env = os.environ.get("MINILLM_CACHE_DIR")
+    env = envs.cache_dir()
     return Path(env).expanduser() if env else Path.home() / ".cache" / "minillm" / "models"
 
 

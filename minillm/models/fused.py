@@ -10,13 +10,12 @@ Gemma's norms (a 1 + w scale) keep the PyTorch path; the kernel computes x / rms
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from minillm import envs
 from minillm.kernels import fused_cpu
 
-ENABLED = os.environ.get("MINILLM_FUSED_KERNELS", "1") != "0"
+ENABLED = envs.fused_kernels()  # read once, at import
 
 
 def use_fused(x: torch.Tensor) -> bool:

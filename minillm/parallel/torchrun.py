@@ -30,7 +30,7 @@ from typing import Callable, Mapping, NoReturn
 import torch
 import torch.distributed as dist
 
-from minillm.parallel.worker import WORKER_TIMEOUT_S, PIPELINE, TENSOR, _dump_stacks_on_sigusr1, serve_steps, shard_for
+from minillm.parallel.worker import WORKER_TIMEOUT_S, PIPELINE, TENSOR, dump_stacks_on_sigusr1, serve_steps, shard_for
 
 LOADED = "loaded"  # what a worker rank contributes to the startup all-gather when its shard is ready
 
@@ -85,7 +85,7 @@ def run_worker_rank(env: TorchrunEnv) -> int:
     from minillm.loader import load_model
     from minillm.parallel.group import destroy_group, init_group
 
-    _dump_stacks_on_sigusr1()
+    dump_stacks_on_sigusr1()
     device = env.device()
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL's object collectives use the current device
@@ -151,7 +151,7 @@ def run_command(env: TorchrunEnv | None, command: Callable[[], int], tensor_para
     from minillm.parallel.executor import TensorParallelError
     from minillm.parallel.torchrun_executor import shutdown_workers
 
-    _dump_stacks_on_sigusr1()  # `kill -USR1 <pid>` shows where a stuck rank 0 waits, as on the workers
+    dump_stacks_on_sigusr1()  # `kill -USR1 <pid>` shows where a stuck rank 0 waits, as on the workers
     try:
         code = command()
     except TensorParallelError as e:

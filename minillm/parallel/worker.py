@@ -80,7 +80,7 @@ def serve_steps(mode: str, model, config: EngineConfig, device: torch.device) ->
         run_step(mode, runner, box[0])
 
 
-def _dump_stacks_on_sigusr1() -> None:
+def dump_stacks_on_sigusr1() -> None:
     """Rank 0 sends SIGUSR1 when this worker is stuck (e.g. never loads): print where every thread is.
 
     To the process's real stderr (fd 2): sys.stderr may be a stand-in without a file descriptor
@@ -94,7 +94,7 @@ def _dump_stacks_on_sigusr1() -> None:
 
 def worker_main(args: WorkerArgs, status) -> None:
     """Entry point of a worker process. `status` is a multiprocessing queue back to rank 0."""
-    _dump_stacks_on_sigusr1()
+    dump_stacks_on_sigusr1()
     try:
         from minillm.loader import load_model
         from minillm.parallel.group import init_group

@@ -8,11 +8,10 @@ and the logits are the most quantization-sensitive matmul), the norms.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
+from minillm import envs
 from minillm.models.llama import LlamaForCausalLM
 from minillm.quant.awq import search_scale
 from minillm.quant.gptq import CALIB_LEN as GPTQ_CALIB_LEN, CALIB_WINDOWS as GPTQ_CALIB_WINDOWS
@@ -121,8 +120,8 @@ def keep_gguf(model: LlamaForCausalLM, path) -> dict[str, str]:
     from minillm.kernels.gguf_cpu import available
     from minillm.quant.gguf import keep_gguf_quantized
 
-    if os.environ.get("MINILLM_GGUF_KERNELS") == "int4":  # compare with, or test, the portable mapping
-        why = "MINILLM_GGUF_KERNELS=int4"
+    if envs.gguf_int4():  # compare with, or test, the portable mapping
+        why = f"{envs.MINILLM_GGUF_KERNELS}=int4"
     elif model.embed_tokens.weight.device.type == "cpu":
         ok, why = available()
         if ok:
@@ -155,7 +154,9 @@ def resolve_group_size(model: LlamaForCausalLM, group_size: int | None) -> int:
     return group_size
 
 
-def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put `new` where the submodule `name` (dotted, as named_modules gives it) sits in `model`: how each
+    quantizer puts its quantized linear in place of the float one."""
     parent, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent), attr, new)
 
@@ -239,15 +240,15 @@ def quantize_model(
                 elif fold == "runtime":
                     input_scale = 1.0 / s
                 else:
-                    _divide_norm(fold, s)
+                    divide_norm(fold, s)
             q = QuantLinear.from_float(w, bits, g, bias=bias, input_scale=input_scale).to(w.device)
             if use_cpu_kernels and w.device.type == "cpu":
                 q.use_cpu_kernels()
-            _swap(model, name, q)
+            replace_module(model, name, q)
     return model
 
 
-def _divide_norm(norm, s: torch.Tensor) -> None:
+def divide_norm(norm, s: torch.Tensor) -> None:
     """Fold 1/s into an RMSNorm's scale; a Gemma norm scales by (1 + w), so w becomes (1 + w) / s - 1."""
     if getattr(norm, "unit_offset", False):
         norm.weight.copy_(((1.0 + norm.weight.float()) / s - 1.0).to(norm.weight.dtype))

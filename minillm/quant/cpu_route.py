@@ -36,13 +36,14 @@ MINILLM_QUANT_CPU_ROUTE=bf16 | blocks overrides the choice. The features are det
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
-ROUTE_ENV = "MINILLM_QUANT_CPU_ROUTE"
-ROUTES = ("bf16", "blocks")
+from minillm import envs
+
+ROUTE_ENV = envs.MINILLM_QUANT_CPU_ROUTE
+ROUTES = envs.QUANT_CPU_ROUTES
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,8 @@ def cpu_features() -> CpuFeatures:
 
 def quant_cpu_route() -> tuple[str, str]:
     """("bf16" | "blocks", why) for int8/int4 layers on this CPU."""
-    forced = os.environ.get(ROUTE_ENV)
+    forced = envs.quant_cpu_route()  # ValueError for another value
     if forced:
-        if forced not in ROUTES:
-            raise ValueError(f"{ROUTE_ENV} must be one of {ROUTES}, got {forced!r}")
         if forced == "blocks":
             ok, why = _blocks_available()
             if not ok:

@@ -117,8 +117,8 @@ class FP8Linear(nn.Module):
 @torch.no_grad()
 def fp8_quantize_model(model) -> None:
     """quantization="fp8": every target linear (minillm.quant.apply.TARGETS) becomes an FP8Linear."""
-    from minillm.quant.apply import _swap, target_linears
+    from minillm.quant.apply import replace_module, target_linears
 
     for name, lin in target_linears(model).items():
         w = lin.weight.detach().float().contiguous()
-        _swap(model, name, FP8Linear.from_float(w, lin.bias.detach() if lin.bias is not None else None))
+        replace_module(model, name, FP8Linear.from_float(w, lin.bias.detach() if lin.bias is not None else None))

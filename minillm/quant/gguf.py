@@ -164,10 +164,10 @@ def keep_gguf_quantized(model: LlamaForCausalLM, path: str | Path, use_cpu_kerne
     The model was loaded from the same file (dequantized); its float weights of
     the swapped layers are dropped. Returns {layer: what happened} for the report.
     """
-    from minillm.loader.gguf import _Reader
+    from minillm.loader.gguf import FastGGUFReader
     from minillm.quant.gguf_linear import LAYER_PLAN, rope_heads
 
-    reader = _Reader(Path(path))
+    reader = FastGGUFReader(Path(path))
     tensors = {t.name: t for t in reader.tensors}
     cfg = model.config
     heads = rope_heads(cfg)  # the same fused-layer plan as the blocks path, with RoPE-permuted row counts

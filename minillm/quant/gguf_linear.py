@@ -136,9 +136,9 @@ def keep_gguf_blocks(model: nn.Module, path: str | Path) -> dict[str, str]:
     weights of swapped layers are dropped. A layer with a tensor type the kernels
     lack (Q5_1, Q5_K, F16 ...) stays float. Returns {layer: what happened}.
     """
-    from minillm.loader.gguf import _Reader
+    from minillm.loader.gguf import FastGGUFReader
 
-    tensors = {t.name: t for t in _Reader(Path(path)).tensors}
+    tensors = {t.name: t for t in FastGGUFReader(Path(path)).tensors}
     cfg = model.config
     heads = rope_heads(cfg)
     report: dict[str, str] = {}

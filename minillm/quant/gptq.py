@@ -209,7 +209,7 @@ def gptq_quantize_model(
     before it ("true sequential": qkv, then o_proj, then gate_up, then down_proj).
     calibration: token windows [n, len].
     """
-    from minillm.quant.apply import TARGETS, _swap
+    from minillm.quant.apply import TARGETS, replace_module
     from minillm.quant.layer_walk import LayerWalker
     from minillm.quant.linear import QuantLinear
 
@@ -227,7 +227,7 @@ def gptq_quantize_model(
                 q = QuantLinear.from_quantized(res.weight, bias=bias).to(w.device)
                 if use_cpu_kernels and w.device.type == "cpu":
                     q.use_cpu_kernels()
-                _swap(model, f"layers.{i}.{target}", q)
+                replace_module(model, f"layers.{i}.{target}", q)
                 losses[f"layers.{i}.{target}"] = res.loss
             walker.advance(layer)
     finally:

@@ -25,13 +25,13 @@ Two storage layouts per format:
 """
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from minillm import envs
 from minillm.quant.int4 import Int4Weight, check_group_size, dequantize_int4, quantize_int4, unpack_int4
 from minillm.quant.int8 import Int8Weight, dequantize_int8, quantize_int8
 
@@ -216,7 +216,7 @@ def _int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> 
     return y.to(x.dtype)
 
 
-DEQUANT_FALLBACK_ENV = "MINILLM_QUANT_DEQUANT_FALLBACK"
+DEQUANT_FALLBACK_ENV = envs.MINILLM_QUANT_DEQUANT_FALLBACK
 _warned_fallback = False
 
 
@@ -237,7 +237,7 @@ def cuda_matmul_path() -> str:
     err = _triton_error()
     if err is None:
         return "triton"
-    if os.environ.get(DEQUANT_FALLBACK_ENV) == "1":
+    if envs.quant_dequant_fallback():
         if not _warned_fallback:
             warnings.warn(f"quantized layers on CUDA dequantize their whole weight on every call "
                           f"(the Triton kernels are unavailable: {err})", RuntimeWarning, stacklevel=3)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.quant.apply import TARGETS, _divide_norm, _swap, target_linears
+from minillm.quant.apply import TARGETS, divide_norm, replace_module, target_linears
 
 DEFAULT_ALPHA = 0.5  # calibration of quantization="w8a8": minillm.quant.apply.CALIBRATION
 
@@ -93,7 +93,7 @@ def smooth_model(model, act_max: dict[str, torch.Tensor], alpha: float = DEFAULT
                 half = mlp.gate_up_proj.weight.shape[0] // 2
                 mlp.gate_up_proj.weight[half:] /= s[:, None].to(mlp.gate_up_proj.weight.dtype)
             elif fold != "runtime":
-                _divide_norm(fold, s)
+                divide_norm(fold, s)
             scales[name] = s
     return scales
 
@@ -108,6 +108,6 @@ def smoothquant_model(model, calibration: torch.Tensor, alpha: float = DEFAULT_A
         runtime = name.endswith("self_attn.o_proj")
         w = lin.weight.detach().float().contiguous()
         bias = lin.bias.detach() if lin.bias is not None else None
-        _swap(model, name, W8A8Linear.from_float(w, bias, 1.0 / scales[name] if runtime else None))
+        replace_module(model, name, W8A8Linear.from_float(w, bias, 1.0 / scales[name] if runtime else None))
     assert len(scales) == len(TARGETS) * len(model.layers)
     return scales

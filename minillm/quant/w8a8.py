@@ -39,15 +39,15 @@ The GEMM is torch._int_mm(xq [M, K], wq.t() [K, N]) -> int32 [M, N]:
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 from torch import nn
 
+from minillm import envs
 from minillm.quant.int8 import quantize_int8
 from minillm.roofline.machine import cpu_flags
 
-INT8_GEMM_ENV = "MINILLM_INT8_GEMM"
+INT8_GEMM_ENV = envs.MINILLM_INT8_GEMM
 INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx_vnni_int8")  # int8 dot products in hardware
 
 
@@ -72,10 +72,8 @@ def cuda_rows(m: int) -> int:
 def int8_gemm_kernel() -> str:
     """"int_mm" (torch._int_mm: oneDNN's integer kernels) where this CPU has int8 dot-product
     instructions, else "float32" (the same codes through the float32 GEMM; see the module docstring)."""
-    forced = os.environ.get(INT8_GEMM_ENV)
+    forced = envs.int8_gemm()  # ValueError for another value
     if forced:
-        if forced not in ("int_mm", "float32"):
-            raise ValueError(f"{INT8_GEMM_ENV} must be 'int_mm' or 'float32', got {forced!r}")
         return forced
     units = bool(cpu_flags() & set(INT8_DOT_FLAGS)) or torch.cpu._is_vnni_supported() or torch.cpu._is_amx_tile_supported()
     return "int_mm" if units else "float32"

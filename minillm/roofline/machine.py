@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from minillm import envs
+
 _INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx_vnni_int8", "amx_bf16",
                       "amx_tile", "amx_int8")
 
@@ -128,7 +130,7 @@ def cpu_kernels() -> dict[str, str | None]:
 
     feats = cpu_features()
     # quant_cpu_route: what int8/int4 layers multiply with (minillm.quant.cpu_route); "blocks" may build the kernels
-    route = os.environ.get("MINILLM_QUANT_CPU_ROUTE") or "bf16"  # the default on every CPU (cpu_route.py says why)
+    route = envs.get(envs.MINILLM_QUANT_CPU_ROUTE) or "bf16"  # the default on every CPU (cpu_route.py says why)
     return {"torch_cpu_capability": feats.torch_capability, "gguf_blocks": gguf_cpu.loaded_isa(),
             "native_bf16": feats.native_bf16, "quant_cpu_route": route,
             "float32_batched_linear": tiled_cpu.loaded_isa(),  # None: MKL (not built yet, or MINILLM_TILED=mkl)

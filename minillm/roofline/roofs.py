@@ -40,6 +40,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from minillm import envs
 from minillm.roofline.machine import MachineInfo, machine_info
 from minillm.roofline.machine_state import probe_machine_state, settle
 from minillm.roofline.timing import median, time_repeats
@@ -317,7 +318,7 @@ def best_of(cached: Roofs, fresh: Roofs) -> Roofs:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("MINILLM_CACHE_DIR") or Path.home() / ".cache" / "minillm")
+    return Path(envs.cache_dir() or Path.home() / ".cache" / "minillm")
 
 
 def cache_path(info: MachineInfo) -> Path:

@@ -50,10 +50,14 @@ class RequestStream:
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
     # --- called on the engine thread ---
-    def _push(self, item: RequestOutput | BaseException) -> None:
+    def push(self, item: RequestOutput | BaseException) -> None:
+        """Hand an output (or the error that ends the stream) to the reader's loop; RuntimeError once
+        that loop is closed."""
         self.loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
-    def _resolve(self, error: BaseException | None) -> None:
+    def resolve(self, error: BaseException | None) -> None:
+        """Settle `accepted`: the engine took the request (None) or refused it (the error); a no-op once
+        settled or cancelled. RuntimeError once the reader's loop is closed."""
         def settle() -> None:
             if self.accepted.done():  # the handler was cancelled meanwhile
                 return
@@ -203,9 +207,9 @@ class AsyncEngine:
             except Exception as e:  # refused up front: nothing entered the engine
                 with self._lock:
                     self._streams.pop(rid, None)
-                c.stream._resolve(e)
+                c.stream.resolve(e)
                 return
-            c.stream._resolve(None)
+            c.stream.resolve(None)
         elif isinstance(c, _Abort):
             self.engine.abort_request(c.request_id)
 
@@ -222,7 +226,7 @@ class AsyncEngine:
             if stream is None:  # aborted: nobody is listening
                 continue
             try:
-                stream._push(out)
+                stream.push(out)
             except RuntimeError:  # its event loop is closed: nobody will read it
                 self.engine.abort_request(out.request_id)
                 with self._lock:
@@ -246,7 +250,7 @@ class AsyncEngine:
             streams, self._streams, self._closed = list(self._streams.values()), {}, True
         for s in streams:
             try:
-                s._resolve(error)  # a no-op if it was already accepted
-                s._push(error)
+                s.resolve(error)  # a no-op if it was already accepted
+                s.push(error)
             except RuntimeError:  # its loop is closed
                 pass

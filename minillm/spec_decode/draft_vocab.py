@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from minillm import envs
 from minillm.engine.sampler import top_tokens
 
 CORPUS_CHARS = 4_000_000  # counting them took 1.0 s at load (Qwen2.5-Coder's tokenizer, 2 cores)
@@ -118,7 +119,7 @@ def restrict_lm_head(model, token_ids: torch.Tensor) -> RestrictedLMHead:
     return model.lm_head
 
 
-RANKING_HEAD_ENV = "MINILLM_RANKING_HEAD"  # "float" keeps a float target's cut ranking head in float
+RANKING_HEAD_ENV = envs.MINILLM_RANKING_HEAD  # "float" keeps a float target's cut ranking head in float
 
 
 def q8_0_ranking_head(head: nn.Module) -> bool:
@@ -130,11 +131,9 @@ def q8_0_ranking_head(head: nn.Module) -> bool:
     row, the cache flushed before each call: 371 -> 140 us. Hydra's tree `0/1/0-0@4096` on the chat
     prompts, one process, three alternated rounds: a proposal 1.08-1.13 -> 0.81-0.88 ms, the same
     1.527 tokens per verify, and x1.23-1.40 -> x1.28-1.50 over plain decode."""
-    import os
-
     from minillm.kernels import gguf_cpu
 
-    return (os.environ.get(RANKING_HEAD_ENV, "q8_0") != "float" and isinstance(head, nn.Linear)
+    return (envs.ranking_head_q8_0() and isinstance(head, nn.Linear)
             and head.weight.dtype == torch.float32 and head.weight.device.type == "cpu"
             and head.in_features % 32 == 0 and gguf_cpu.available()[0])
 

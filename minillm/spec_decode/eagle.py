@@ -67,13 +67,13 @@ class EagleProposer(Proposer):
         dev = h.device
         pos = torch.tensor(positions, device=dev)
         x = self.layer.inputs(h.to(self.layer.fc.weight.dtype), self.embed(torch.tensor(tokens, device=dev)))
-        q, k, v = self.layer._qkv(x, self.rotary.lookup(pos))
+        q, k, v = self.layer.project_qkv(x, self.rotary.lookup(pos))
         out, first = [], 0
         for sid, n in zip(seq_ids, counts):
             sl = slice(first, first + n)
             out.append(self.layer.attend(q[sl], k[sl], v[sl], self.caches[sid]))
             first += n
-        return self.layer._finish(x, torch.cat(out))
+        return self.layer.finish(x, torch.cat(out))
 
     @torch.inference_mode()
     def observe(self, batch, step, chosen, hidden) -> None:

@@ -100,7 +100,7 @@ class EagleLayer(nn.Module):
         """The layer's input at p from the feature h_p and the embedding of x_{p+1}."""
         return self.fc(torch.cat([self.token_norm(token_embedding), h], dim=-1))
 
-    def _qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+    def project_qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """x [..., T, hidden] -> q [..., T, heads, d], k and v [..., T, kv_heads, d] (q and k rotated)."""
         qkv = self.qkv_proj(self.attn_norm(x))
         nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -109,7 +109,7 @@ class EagleLayer(nn.Module):
         v = qkv[..., nq + nkv :].unflatten(-1, (self.num_kv_heads, self.head_dim))
         return RotaryEmbedding.apply(q, *rope), RotaryEmbedding.apply(k, *rope), v
 
-    def _finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The residual adds and the SwiGLU MLP after attention ([..., T, heads * d] attended)."""
         x = x + self.o_proj(attended)
         gate, up = self.gate_up_proj(self.mlp_norm(x)).chunk(2, dim=-1)
@@ -120,10 +120,10 @@ class EagleLayer(nn.Module):
         """Teacher-forced, whole sequences: h, token_embedding [B, T, hidden] (h_p and e(x_{p+1})), rope for
         positions 0 .. T-1 -> [B, T, hidden], ĥ_{p+1} at every p (causal; padding after a sequence is harmless)."""
         x = self.inputs(h, token_embedding)
-        q, k, v = self._qkv(x, rope)
+        q, k, v = self.project_qkv(x, rope)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            is_causal=True, enable_gqa=True)
-        return self._finish(x, o.transpose(1, 2).flatten(-2))
+        return self.finish(x, o.transpose(1, 2).flatten(-2))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: EagleCache) -> torch.Tensor:
         """One sequence's n new rows (q [n, heads, d], k and v [n, kv_heads, d], already rotated): their K/V
@@ -143,7 +143,7 @@ class EagleLayer(nn.Module):
         """One sequence's next n positions (h, token_embedding [n, hidden], rope of positions
         cache.end .. cache.end + n - 1): their K/V join the cache; returns ĥ [n, hidden]."""
         x = self.inputs(h, token_embedding)
-        return self._finish(x, self.attend(*self._qkv(x, rope), cache))
+        return self.finish(x, self.attend(*self.project_qkv(x, rope), cache))
 
     def new_cache(self, capacity: int = 64) -> EagleCache:
         w = self.qkv_proj.weight
