@@ -49,20 +49,15 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chunked-prefill", action="store_true")
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority", "length-aware"],
                    help="fcfs; priority: a request's priority, lower first (vLLM's); length-aware: a short-request lane")
+    from minillm.parallel.launch import add_parallel_args
+
     add_parallel_args(p)
-
-
-def add_parallel_args(p: argparse.ArgumentParser) -> None:
-    """Shared with `minillm serve`: the model split over processes (local workers, or torchrun's ranks)."""
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="split every layer over N processes (under torchrun: its WORLD_SIZE)")
-    p.add_argument("--pipeline-parallel-size", type=int, default=1,
-                   help="split the layers into N stages, one per process (not combined with tensor parallel)")
 
 
 def _run(a: argparse.Namespace) -> int:
     """Run the chosen command; under torchrun, ranks != 0 serve rank 0's steps instead (parallel/torchrun.py)."""
-    from minillm.parallel.torchrun import run_command, torchrun_env
+    from minillm.parallel.launch import run_command
+    from minillm.parallel.torchrun import torchrun_env
 
     return run_command(torchrun_env(), lambda: a.fn(a), a.tensor_parallel_size, a.pipeline_parallel_size)
 

@@ -122,6 +122,16 @@ class ModelConfig:
         mlps = sum(self.mlp_parameters(layer) for layer in range(self.num_hidden_layers))
         return self.num_hidden_layers * per_layer + mlps + emb * (1 if self.tie_word_embeddings else 2) + h
 
+    def weight_bytes(self, bytes_per_weight: float) -> float:
+        """Bytes of weights one step streams: every matmul weight plus the LM head (engine/cost.py).
+
+        The embedding table is a gather (a few rows), so it only counts when it is
+        also the LM head (tied).
+        """
+        return self.num_parameters() * bytes_per_weight - (
+            0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size * bytes_per_weight
+        )
+
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
         eos = d.get("eos_token_id")

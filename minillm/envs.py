@@ -41,6 +41,7 @@ MINILLM_CPU_ATTENTION = "MINILLM_CPU_ATTENTION"
 MINILLM_CPU_PREFILL_ATTENTION = "MINILLM_CPU_PREFILL_ATTENTION"
 MINILLM_DECODE_STEP = "MINILLM_DECODE_STEP"
 MINILLM_EXERCISES = "MINILLM_EXERCISES"
+MINILLM_FAST_PATH = "MINILLM_FAST_PATH"
 MINILLM_FUSED_KERNELS = "MINILLM_FUSED_KERNELS"
 MINILLM_GGUF_KERNELS = "MINILLM_GGUF_KERNELS"
 MINILLM_HUGE_PAGES = "MINILLM_HUGE_PAGES"
@@ -76,7 +77,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar(MINILLM_CACHE_DIR, "path", "~/.cache/minillm", "a folder",
            "where assembled models (in its models/ subfolder: ~/.cache/minillm/models by default), built CPU "
            "kernels and measured roofs are kept",
-           "loader/registry.py, kernels/gguf_cpu.py, roofline/roofs.py"),
+           "loader/registry.py, minillm/cpu/kernels/gguf_cpu.py, roofline/roofs.py"),
     EnvVar(MINILLM_COMPILED_BODY, "choice", "chosen by the CPU (tiled_cpu.outruns_mkl)", "row-major, k-major",
            "how a compiled float32 CPU engine stores its layers' weights; any other value is an error",
            "engine/model_runner.py"),
@@ -91,13 +92,16 @@ VARIABLES: tuple[EnvVar, ...] = (
            "engine/compile.py"),
     EnvVar(MINILLM_CPU_ATTENTION, "choice", "the C++ kernel", "torch",
            "torch: CPU paged attention gathers K/V in PyTorch instead of the C++ kernel",
-           "kernels/paged_attention_cpu.py"),
+           "minillm/cpu/kernels/paged_attention_cpu.py"),
     EnvVar(MINILLM_CPU_PREFILL_ATTENTION, "choice", "the C++ kernel", "torch",
            "torch: CPU prefill attention runs torch's SDPA instead of the C++ kernel",
-           "kernels/prefill_attention_cpu.py"),
+           "minillm/cpu/kernels/prefill_attention_cpu.py"),
     EnvVar(MINILLM_DECODE_STEP, "choice", "the one-region C++ step", "ops",
            "ops: a CPU decode step runs op by op instead of the one-region C++ step",
-           "kernels/decode_step_cpu.py"),
+           "minillm/cpu/kernels/decode_step_cpu.py"),
+    EnvVar(MINILLM_FAST_PATH, "choice", "auto", "auto, off, require",
+           "the default of EngineConfig.fast_path (e.g. the test suite's plain-path run)",
+           "engine/config.py"),
     EnvVar(MINILLM_EXERCISES, "str", "unset (the reference code)", "learner, or learner:name,name",
            "swaps the course's exercise stubs in at import",
            "minillm/__init__.py, exercises.py"),
@@ -109,19 +113,19 @@ VARIABLES: tuple[EnvVar, ...] = (
            "quant/apply.py, loader/gguf.py"),
     EnvVar(MINILLM_HUGE_PAGES, "bool", "1", "0, 1",
            "0: weights stay where the loader put them (not moved into 2 MB pages)",
-           "engine/huge_pages.py"),
+           "minillm/cpu/huge_pages.py"),
     EnvVar(MINILLM_INT8_GEMM, "choice", "chosen by the CPU's int8 instructions", "int_mm, float32",
            "forces W8A8's integer GEMM (torch._int_mm) or the float32 one; any other value is an error",
            "quant/w8a8.py"),
     EnvVar(MINILLM_MALLOC, "choice", "glibc thresholds raised", "system",
-           "system: glibc's malloc settings are left alone", "engine/cpu_memory.py"),
+           "system: glibc's malloc settings are left alone", "minillm/cpu/memory.py"),
     EnvVar(MINILLM_MKL_PACK, "bool", "1", "0, 1",
-           "0: no MKL-packed weight copies on Intel CPUs (F.linear runs)", "kernels/mkl_packed.py"),
+           "0: no MKL-packed weight copies on Intel CPUs (F.linear runs)", "minillm/cpu/kernels/mkl_packed.py"),
     EnvVar(MINILLM_MKL_PACK_MB, "float", str(MKL_PACK_MB_DEFAULT), "MiB",
-           "the most memory the MKL-packed weight copies may hold", "kernels/mkl_packed.py"),
+           "the most memory the MKL-packed weight copies may hold", "minillm/cpu/kernels/mkl_packed.py"),
     EnvVar(MINILLM_PANELS, "choice", "speculative engines only", "0, 1",
            "0: never pack few-row panels; 1: in every eager float32 CPU engine",
-           "engine/few_row_panels.py, kernels/panel_cpu.py"),
+           "minillm/cpu/panels.py, minillm/cpu/kernels/panel_cpu.py"),
     EnvVar(MINILLM_QUANT_CPU_ROUTE, "choice", "chosen by the CPU's bf16 support", "bf16, blocks",
            "how int8/int4 layers multiply on a CPU; any other value is an error",
            "quant/cpu_route.py, roofline/machine.py"),
@@ -132,10 +136,10 @@ VARIABLES: tuple[EnvVar, ...] = (
            "float: a float target's cut ranking head for draft guesses stays float (not Q8_0)",
            "spec_decode/draft_vocab.py"),
     EnvVar(MINILLM_SKINNY, "choice", "the few-row C++ kernel", "mkl",
-           "mkl: few-row float32 linears use MKL instead of the C++ kernel", "kernels/skinny_cpu.py"),
+           "mkl: few-row float32 linears use MKL instead of the C++ kernel", "minillm/cpu/kernels/skinny_cpu.py"),
     EnvVar(MINILLM_TILED, "choice", "measured at start-up", "mkl, full, all",
            "the batched float32 tiled kernel: mkl off, full over every CPU's ranges, all at every row count",
-           "kernels/tiled_cpu.py"),
+           "minillm/cpu/kernels/tiled_cpu.py"),
     # ------------------------------------------------------------------------------------ script-only
     EnvVar(MINILLM_BROWSER_SCREENSHOT, "path", "unset", "a file",
            "where the real-browser test saves a screenshot of the page", "tests/test_browser.py",
@@ -206,6 +210,14 @@ def compile_skip_seen_guards() -> bool:
 def compile_cpp_wrapper() -> bool:
     """False where MINILLM_COMPILE_WRAPPER=python (inductor keeps its Python wrapper on the CPU)."""
     return os.environ.get(MINILLM_COMPILE_WRAPPER, "cpp") != "python"
+
+
+def fast_path() -> str:
+    """MINILLM_FAST_PATH: the default of EngineConfig.fast_path ("auto" where unset)."""
+    value = os.environ.get(MINILLM_FAST_PATH, "auto")
+    if value not in ("auto", "off", "require"):
+        raise ValueError(f"{MINILLM_FAST_PATH} must be one of ('auto', 'off', 'require'), got {value!r}")
+    return value
 
 
 def exercises() -> str:

@@ -44,7 +44,8 @@ class LLM:
 
             refuse_unguarded_main()
         torch.manual_seed(config.seed)
-        self.loaded = load_model(model, dtype=config.torch_dtype, device=config.torch_device)
+        self.loaded = load_model(model, dtype=config.torch_dtype, device=config.torch_device,
+                                 fast_path=config.fast_path)
         self.quantization_report: dict[str, str] = {}
         if config.quantization is not None or config.quantize_lm_head:
             from minillm.quant.apply import quantize_loaded

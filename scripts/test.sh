@@ -46,6 +46,10 @@ notebooks=tests/test_notebooks.py::test_notebooks_execute_under_nbval_and_the_bo
 say "phase 1 of 2: the tests, $workers at a time"
 rc=0
 "${run[@]}" --deselect "$notebooks" || rc=$?
+# the engine's exact equivalences once more on the plain path alone (fast_path="off": no C++ anywhere)
+say "phase 1b: the equivalence tests again with MINILLM_FAST_PATH=off (the plain PyTorch path)"
+MINILLM_FAST_PATH=off "${run[@]}" tests/test_engine_equivalence.py tests/test_spec_greedy.py tests/test_radix_cache.py \
+  tests/test_stop_rules.py tests/test_contiguous_allocator.py || rc=$?
 say "phase 2 of 2: the notebooks under nbval and the book (~20 minutes on 2 cores, with no output meanwhile)"
 python3 -m pytest -q -p no:cacheprovider -rs "$notebooks" || rc=$?
 exit $rc

@@ -80,12 +80,12 @@ def one_thread():
 @pytest.fixture(scope="module", autouse=True)
 def _release_freed_memory_after_each_module():
     """Each module's models, once freed, go back to the OS: a worker runs many modules, and glibc keeps
-    freed heap memory for reuse (engine/cpu_memory.py), so two workers' leftovers plus a module loading
+    freed heap memory for reuse (minillm/cpu/memory.py), so two workers' leftovers plus a module loading
     a 1.5B float32 model ran the 24 GB machine out of memory."""
     yield
     import gc
 
-    from minillm.engine.cpu_memory import release_freed_memory
+    from minillm.cpu.memory import release_freed_memory
 
     gc.collect()
     release_freed_memory()

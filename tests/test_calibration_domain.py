@@ -8,7 +8,7 @@ import torch
 from minillm.eval.calibration_domain import DomainRow, format_table, gaps, run_calibration_domain, schemes
 from minillm.eval.ppl import parse_setting
 from minillm.eval.text import code_excerpt, corpus_text
-from minillm.quant.apply import check_llm_options
+from minillm.quant.methods import check_llm_options
 
 
 def test_code_text_is_python_and_its_splits_are_disjoint():

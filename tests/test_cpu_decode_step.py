@@ -1,4 +1,4 @@
-"""The one-region CPU decode step (kernels/cpu/decode_step.cpp, engine/cpu_decode_step.py).
+"""The one-region CPU decode step (minillm/cpu/kernels/decode_step.cpp, minillm/cpu/decode_step.py).
 
 It must be the op-by-op decode step exactly: the same hidden states bit for bit and the same K/V in the
 pool, for every batch size it takes, with GQA, a q/k/v bias, sliding-window layers, keys split between
@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 from minillm.config import ModelConfig  # noqa: E402
 from minillm.engine.config import EngineConfig  # noqa: E402
 from minillm.engine.llm_engine import LLMEngine  # noqa: E402
-from minillm.kernels import decode_step_cpu  # noqa: E402
+from minillm.cpu.kernels import decode_step_cpu  # noqa: E402
 from minillm.models.llama import LlamaForCausalLM  # noqa: E402
 from tests.helpers.engine_utils import greedy, random_prompts, tiny_model  # noqa: E402
 
@@ -44,14 +44,14 @@ def run(model, prompts, new_tokens, one_region, block_size=4):
                        cpu_decode_step=None if one_region else False)
     engine = LLMEngine(model, None, [], cfg)
     runner = engine.executor
-    assert (runner.decode_step is not None) == one_region, runner.decode_step_skipped
+    assert (runner.step_runner is not None) == one_region, runner.fast_path.decode_step_skipped
     steps = []
     execute = runner.execute
 
     def recorded(batch):
         logits = execute(batch)
         if batch.is_decode_only:
-            took = runner.decode_step is not None and runner.decode_step.fits(batch)
+            took = runner.step_runner is not None and runner.step_runner.fits(batch)
             steps.append((took, runner.last_hidden.clone()))
         return logits
 
@@ -115,7 +115,7 @@ def test_a_qkv_bias_and_sliding_window_layers():
     assert_same_steps(model, random_prompts(3, 83, 20, 40, seed=9), 16)
 
 
-def test_a_model_the_step_does_not_cover_says_why():
+def test_a_model_the_step_does_not_cover_says_why(monkeypatch):
     bf16 = tiny_model(dtype=torch.bfloat16)
     cases = [
         (tiny_model(), dict(cpu_decode_step=False), "turned off"),
@@ -125,10 +125,12 @@ def test_a_model_the_step_does_not_cover_says_why():
     ]
     for model, options, reason in cases:
         engine = LLMEngine(model, None, [], EngineConfig(num_kv_blocks=64, **options))
-        assert engine.executor.decode_step is None
-        assert reason in engine.executor.decode_step_skipped
-    # with compile=True too: the graph then serves the steps the C++ step does not take
-    assert LLMEngine(tiny_model(), None, [], EngineConfig(num_kv_blocks=64, compile=True)).executor.decode_step.max_rows == 16
+        assert engine.executor.step_runner is None
+        assert reason in engine.executor.fast_path.decode_step_skipped
+    # with compile=True too: the graph then serves the steps the C++ step does not take (where the compiled
+    # body stays row-major: K-major weights, the choice on CPUs where MKL out-runs the tiled kernel, rule it out)
+    monkeypatch.setenv("MINILLM_COMPILED_BODY", "row-major")
+    assert LLMEngine(tiny_model(), None, [], EngineConfig(num_kv_blocks=64, compile=True)).executor.step_runner.max_rows == 16
     with pytest.raises(ValueError, match="cpu_decode_step=True.*quantized KV cache"):
         LLMEngine(tiny_model(), None, [], EngineConfig(num_kv_blocks=64, kv_cache_dtype="int8", cpu_decode_step=True))
     with pytest.raises(ValueError, match="cpu_decode_step must be True, False or None"):
@@ -138,7 +140,7 @@ def test_a_model_the_step_does_not_cover_says_why():
 def test_bad_input_is_refused_before_the_pool_is_touched():
     engine = LLMEngine(tiny_model(vocab=61), None, [], EngineConfig(block_size=4, num_kv_blocks=8))
     runner = engine.executor
-    step = runner.decode_step.step
+    step = runner.step_runner.step
     pool = [t.clone() for t in runner.pool.k_caches]
     bad = [
         (([61], [0], [0], [0, 1]), "not in the vocabulary"),
@@ -159,7 +161,7 @@ def test_bad_input_is_refused_before_the_pool_is_touched():
 def run_spec(model, prompts, one_region, panels, speculative, prefix_caching=False):
     """Serve with speculative decoding (or prefix caching): every step's hidden states of every row that ran
     through the one-region step's kind of rows, which path took it, and the final pool."""
-    import minillm.engine.few_row_panels as few_row_panels
+    import minillm.cpu.panels as few_row_panels
 
     os.environ[few_row_panels.PANELS_ENV] = "1" if panels else "0"
     try:
@@ -170,13 +172,13 @@ def run_spec(model, prompts, one_region, panels, speculative, prefix_caching=Fal
     finally:
         del os.environ[few_row_panels.PANELS_ENV]
     runner = engine.executor
-    assert (not runner.panels.skipped) == panels, runner.panels
+    assert (not runner.fast_path.panels.skipped) == panels, runner.fast_path.panels
     runner.keep_all_hidden = True
     steps, execute = [], runner.execute
 
     def recorded(batch):
         logits = execute(batch)
-        took = runner.decode_step is not None and runner.decode_step.fits(batch)
+        took = runner.step_runner is not None and runner.step_runner.fits(batch)
         steps.append((took, max(batch.query_lens), runner.last_all_hidden.clone()))
         return logits
 
@@ -196,7 +198,7 @@ def test_verify_steps_equal_the_op_by_op_step_bit_for_bit(panels):
     """A speculative engine's verify steps (k + 1 rows of one sequence, each seeing the keys up to its own
     position) run in the step too, reading the panel-packed weights at 4-8 rows where the engine packed
     them, as SkinnyLinear does."""
-    from minillm.kernels import panel_cpu
+    from minillm.cpu.kernels import panel_cpu
 
     if panels and not panel_cpu.available():
         pytest.skip("the panel kernel's AVX-512 path is not built here")
@@ -236,7 +238,7 @@ def test_a_forward_hook_sends_the_step_back_to_the_layers():
     the engine started) the layers run op by op and the hook sees every step; removed, the step resumes."""
     model = model_with(seed=14)
     engine = LLMEngine(model, None, [], EngineConfig(block_size=4, num_kv_blocks=64))
-    step = engine.executor.decode_step
+    step = engine.executor.step_runner
     seen = []
     handle = model.layers[1].mlp.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
     engine.add_request("a", [3, 4, 5], greedy(4))

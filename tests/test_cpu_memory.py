@@ -1,4 +1,4 @@
-"""engine/cpu_memory.py: an engine on a CPU keeps freed memory for its next step (glibc's thresholds).
+"""minillm/cpu/memory.py: an engine on a CPU keeps freed memory for its next step (glibc's thresholds).
 
 Each case runs in a fresh process: the settings are process-wide and set once."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from minillm.engine import cpu_memory
+from minillm.cpu import memory as cpu_memory
 from minillm.roofline.machine import cpu_kernels
 before = cpu_memory.malloc_state()
 from tests.helpers.engine_utils import make_engine, tiny_model

@@ -1,4 +1,4 @@
-"""The C++ paged decode attention (kernels/cpu/paged_attention.cpp) against the PyTorch gather path.
+"""The C++ paged decode attention (minillm/cpu/kernels/paged_attention.cpp) against the PyTorch gather path.
 
 The gather path (torch_backend.paged_decode) is the reference: both must give the same
 attention output for any block table, GQA group, sliding window and dtype, and a whole
@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from minillm.attention.torch_backend import decode_gather_slots, decode_head_rows, paged_decode
-from minillm.kernels import paged_attention_cpu as cpu_paged
+from minillm.cpu.kernels import paged_attention_cpu as cpu_paged
 from tests.helpers.engine_utils import greedy, make_engine, run_to_completion, tiny_model
 
 if not cpu_paged.available():
@@ -162,20 +162,20 @@ def test_verify_chunks_as_kernel_rows_equal_the_chunk_path(window, dtype):
     and a fresh prompt: the kernel serves the decode rows and both verify chunks in one call (query i of a
     chunk as a decode row of its own length); the result equals the gather + SDPA chunk path."""
     from minillm.attention.metadata import AttentionMetadata
-    from minillm.attention.torch_backend import TorchAttentionBackend
+    from minillm.cpu.attention import CpuAttentionBackend
 
     bs, kvh = 4, 2
     query_lens, seq_lens = [1, 1, 5, 3, 20, 6], [9, 14, 17, 8, 30, 6]
     tables, k_cache, v_cache, q, k, v = random_step(query_lens, seq_lens, bs, kvh, dtype, seed=7)
-    backend = TorchAttentionBackend()
+    backend = CpuAttentionBackend()
     outs = []
     for as_rows in (True, False):
         meta = AttentionMetadata.build(query_lens, seq_lens, tables, bs)
         backend.prepare(meta, bs, kvh, quantized=False)
         if as_rows:
-            assert (meta.kernel_seqs, meta.kernel_rows) == (4, 10)  # stops at the prefill chunk
+            assert (meta.backend_state.seqs, meta.backend_state.rows) == (4, 10)  # stops at the prefill chunk
         else:
-            meta.kernel_seqs = meta.kernel_rows = 0
+            meta.backend_state = None
         outs.append(backend.forward(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.25, window=window))
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=tol, rtol=tol)
@@ -189,25 +189,25 @@ def test_tree_chunks_as_kernel_rows_equal_the_masked_chunk_path(window, dtype):
     (each node a decode row whose last keys are its root-to-node path, read from the tree's scratch
     slots); the result equals the gather + masked SDPA chunk path, window counted from real positions."""
     from minillm.attention.metadata import AttentionMetadata
-    from minillm.attention.torch_backend import TorchAttentionBackend
+    from minillm.cpu.attention import CpuAttentionBackend
 
     bs, kvh = 4, 2
     parents = [-1, -1, 0, 0, 2]  # node 4 sits at depth 3 behind nodes 2 and 0
     query_lens, seq_lens = [1, 6, 3, 20], [9, 19, 8, 30]
     trees = [None, parents, None, None]
     tables, k_cache, v_cache, q, k, v = random_step(query_lens, seq_lens, bs, kvh, dtype, seed=11)
-    backend = TorchAttentionBackend()
+    backend = CpuAttentionBackend()
     outs = []
     for as_rows in (True, False):
         meta = AttentionMetadata.build(query_lens, seq_lens, tables, bs, tree_parents=trees)
         backend.prepare(meta, bs, kvh, quantized=False)
         if as_rows:
-            assert (meta.kernel_seqs, meta.kernel_rows) == (3, 10)  # the tree joins; stops at the prefill chunk
+            assert (meta.backend_state.seqs, meta.backend_state.rows) == (3, 10)  # the tree joins; stops at the prefill chunk
             # node 4 (row 1 + 1 + 4 = 6): 13 cached keys, then the root, nodes 0, 2 and itself
-            assert int(meta.kernel_lens[6]) == 13 + 4
-            assert meta.kernel_tails[6].tolist()[-4:] == meta.slot_mapping[1:7][[0, 1, 3, 5]].tolist()
+            assert int(meta.backend_state.lens[6]) == 13 + 4
+            assert meta.backend_state.tails[6].tolist()[-4:] == meta.slot_mapping[1:7][[0, 1, 3, 5]].tolist()
         else:
-            meta.kernel_seqs = meta.kernel_rows = 0
+            meta.backend_state = None
         outs.append(backend.forward(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.25, window=window))
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=tol, rtol=tol)

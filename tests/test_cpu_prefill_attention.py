@@ -1,4 +1,4 @@
-"""The C++ causal prefill attention (kernels/cpu/prefill_attention.cpp) against torch's SDPA.
+"""The C++ causal prefill attention (minillm/cpu/kernels/prefill_attention.cpp) against torch's SDPA.
 
 SDPA with is_causal=True is the reference: for any prompt length (one key block or many, a
 short last block), GQA group and head_dim the kernel takes, the outputs agree to float32
@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from minillm.attention import torch_backend
-from minillm.kernels import prefill_attention_cpu as cpu_prefill
+from minillm.cpu.attention import CpuAttentionBackend
+from minillm.cpu.kernels import prefill_attention_cpu as cpu_prefill
 from tests.helpers.engine_utils import serve_growing_prompts, tiny_model
 
 if not cpu_prefill.available():
@@ -77,13 +78,15 @@ def test_the_backend_takes_it_only_for_a_fresh_causal_chunk(monkeypatch):
     kernel = cpu_prefill.causal
     monkeypatch.setattr(cpu_prefill, "causal", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
     q, k, v = packed_qkv(24, 6, 2, cpu_prefill._width, seed=2)
-    out = torch_backend.prefill_one(q, k, v, 24, 0.25)
+    causal = CpuAttentionBackend().causal_kernel  # what the CPU backend hands the plain code
+    out = torch_backend.prefill_one(q, k, v, 24, 0.25, causal=causal)
+    assert torch_backend.prefill_one(q, k, v, 24, 0.25) is not None and calls == [24]  # the plain backend: SDPA
     torch.testing.assert_close(out, sdpa(q, k, v, 0.25), rtol=1e-5, atol=1e-5)
     assert calls == [24]
     with torch.enable_grad():
         assert not cpu_prefill.applies(q.requires_grad_(), k)
-    torch_backend.prefill_one(q[16:], k, v, 24, 0.25)  # 8 queries after 16 cached positions
-    torch_backend.prefill_one(q, k, v, 24, 0.25, window=8)
+    torch_backend.prefill_one(q[16:], k, v, 24, 0.25, causal=causal)  # 8 queries after 16 cached positions
+    torch_backend.prefill_one(q, k, v, 24, 0.25, window=8, causal=causal)
     assert calls == [24]
 
 

@@ -1,5 +1,5 @@
 """torch.compile'd decode steps give exactly the eager engine's greedy tokens (with the one-region C++ step
-off: engine/cpu_decode_step.py takes a CPU float32 decode step wherever it applies, and its own tests
+off: minillm/cpu/decode_step.py takes a CPU float32 decode step wherever it applies, and its own tests
 compare it with the op-by-op step, tests/test_cpu_decode_step.py)."""
 import pytest
 
@@ -58,12 +58,12 @@ def test_compiled_decode_matches_eager(kv_cache_dtype, capfd):
 
 @pytest.mark.parametrize("layout", ["k-major", "row-major"])
 def test_compiled_engine_keeps_the_lm_head_row_major_for_the_few_row_kernel(layout, monkeypatch):
-    # the compiled step reads the body's weights in the chosen layout (model_runner.compiled_body_layout);
+    # the compiled step reads the body's weights in the chosen layout (minillm/cpu/__init__.compiled_body_layout);
     # the embedding and the LM head (which runs outside the compiled step) keep nn.Linear's layout, tied as
     # before, and every linear is a SkinnyLinear
     import torch
 
-    from minillm.models.skinny_linear import SkinnyLinear
+    from minillm.cpu.skinny_linear import SkinnyLinear
 
     monkeypatch.setenv("MINILLM_COMPILED_BODY", layout)
     model = tiny_model(heads=4, kv_heads=2, head_dim=16)  # tied embeddings
@@ -82,29 +82,29 @@ def test_compiled_engine_keeps_the_lm_head_row_major_for_the_few_row_kernel(layo
 def test_the_compiled_body_layout_follows_the_tiled_kernel_unless_the_variable_says_otherwise(monkeypatch):
     # row-major where the tiled kernel out-runs MKL at prefill's row counts (its prefill then runs the
     # kernel), K-major where MKL keeps those rows or the kernel did not load; the variable overrides both
-    from minillm.engine import model_runner
-    from minillm.kernels import tiled_cpu
+    import minillm.cpu as cpu_fast_path
+    from minillm.cpu.kernels import tiled_cpu
 
     monkeypatch.delenv("MINILLM_COMPILED_BODY", raising=False)
     monkeypatch.delenv("MINILLM_TILED", raising=False)
     measured = tiled_cpu.outruns_mkl.__wrapped__  # the timing itself, not this process's cached answer
     monkeypatch.setattr(tiled_cpu, "outruns_mkl", lambda: True)
-    assert model_runner.compiled_body_layout() == "row-major"
+    assert cpu_fast_path.compiled_body_layout() == "row-major"
     monkeypatch.setattr(tiled_cpu, "outruns_mkl", lambda: False)
-    assert model_runner.compiled_body_layout() == "k-major"
+    assert cpu_fast_path.compiled_body_layout() == "k-major"
     # the kernel missing: the real timing says no without measuring
     monkeypatch.setattr(tiled_cpu, "available", lambda: False)
     monkeypatch.setattr(tiled_cpu, "outruns_mkl", measured)
-    assert model_runner.compiled_body_layout() == "k-major"
+    assert cpu_fast_path.compiled_body_layout() == "k-major"
     monkeypatch.setenv("MINILLM_COMPILED_BODY", "k-major")
     monkeypatch.setattr(tiled_cpu, "outruns_mkl", lambda: True)
-    assert model_runner.compiled_body_layout() == "k-major"
+    assert cpu_fast_path.compiled_body_layout() == "k-major"
     monkeypatch.setenv("MINILLM_COMPILED_BODY", "row-major")
     monkeypatch.setattr(tiled_cpu, "outruns_mkl", lambda: False)
-    assert model_runner.compiled_body_layout() == "row-major"
+    assert cpu_fast_path.compiled_body_layout() == "row-major"
     monkeypatch.setenv("MINILLM_COMPILED_BODY", "column")
     with pytest.raises(ValueError, match="MINILLM_COMPILED_BODY must be one of"):
-        model_runner.compiled_body_layout()
+        cpu_fast_path.compiled_body_layout()
 
 
 def rows_given_to_the_few_row_kernel(monkeypatch, seed: int, max_tokens: list[int]) -> list[int]:
@@ -113,7 +113,7 @@ def rows_given_to_the_few_row_kernel(monkeypatch, seed: int, max_tokens: list[in
     eager prefill or the LM head)."""
     import torch
 
-    from minillm.kernels import skinny_cpu
+    from minillm.cpu.kernels import skinny_cpu
 
     if not skinny_cpu.available():
         pytest.skip("the few-row kernel could not be built here")
@@ -160,7 +160,7 @@ def test_a_row_major_compiled_step_calls_the_few_row_kernel_and_matches_eager(la
 def test_a_compiled_graph_of_more_rows_than_its_limit_leaves_the_product_to_inductor(monkeypatch):
     """Row-major layers: graphs of up to GRAPH_MAX_ROWS decode rows call the few-row kernel, larger ones
     F.linear (inductor's GEMM ran faster there); the tokens stay the eager engine's."""
-    from minillm.models import skinny_linear
+    from minillm.cpu import skinny_linear
 
     monkeypatch.setenv("MINILLM_COMPILED_BODY", "row-major")
     monkeypatch.setattr(skinny_linear, "GRAPH_MAX_ROWS", 2)
@@ -177,14 +177,15 @@ def test_a_compiled_graph_calls_the_cpu_kernels_as_c_functions_unless_told_not_t
     the tokens are the eager engine's; MINILLM_COMPILE_DIRECT_CALLS=0 keeps the dispatcher."""
     import pickle
 
+    from minillm.cpu import compiled_calls
+    from minillm.cpu.kernels import paged_attention_cpu, skinny_cpu
     from minillm.engine import compile as engine_compile
-    from minillm.kernels import paged_attention_cpu, skinny_cpu
 
     if not (skinny_cpu.available() and paged_attention_cpu.available()):
         pytest.skip("the CPU kernels could not be built here")
     monkeypatch.setenv("MINILLM_COMPILED_BODY", "row-major")
     monkeypatch.setenv("MINILLM_COMPILE_DIRECT_CALLS", "1" if direct else "0")
-    calls = engine_compile.direct_calls()
+    calls = compiled_calls.direct_calls()
     assert len(calls) == (2 if direct else 0)
     if direct:  # the config inductor hashes into each graph's cache key must pickle (else: no disk cache)
         import torch

@@ -1,4 +1,4 @@
-"""The fused float32 CPU elementwise kernels (kernels/cpu/fused_elementwise.cpp) against the PyTorch layers.
+"""The fused float32 CPU elementwise kernels (minillm/cpu/kernels/fused_elementwise.cpp) against the PyTorch layers.
 
 models/layers.py's plain PyTorch (F.rms_norm, rotate-half RoPE, silu(gate) * up) is the reference:
 each kernel agrees with it to float32 rounding in every layout the model hands it (row-major rows,
@@ -12,12 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minillm.kernels import fused_cpu
-from minillm.models import fused
-from minillm.models.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from minillm.cpu.kernels import fused_cpu
+from minillm.cpu.layers import CpuRMSNorm, CpuSwiGLU, rotate, swap_layers
+from minillm.models.layers import RMSNorm, SwiGLU
+from minillm.models.llama import Attention
 from tests.helpers.engine_utils import serve_growing_prompts, tiny_model
 
-if not fused.build_cpu_kernels():
+if not fused_cpu.available():
     pytest.skip("the fused CPU kernels could not be built here", allow_module_level=True)
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -88,23 +89,37 @@ def test_the_layers_route_float32_cpu_inference_through_the_kernels(monkeypatch)
     calls = []
     for name in ("rms_norm", "rope", "silu_mul"):
         monkeypatch.setattr(fused_cpu, name, (lambda f, n: lambda *a: calls.append(n) or f(*a))(getattr(fused_cpu, name), name))
-    norm, mlp = RMSNorm(32, 1e-6), SwiGLU(32, 48)
+    plain_norm, plain_mlp = RMSNorm(32, 1e-6), SwiGLU(32, 48)
     x = torch.randn(4, 32)
+    plain_norm(x), plain_mlp(x)
+    assert calls == []  # the plain layers never call C++
+    norm, mlp = CpuRMSNorm(32, 1e-6), CpuSwiGLU(32, 48)
     norm(x), norm(x, x)
     mlp(x)
-    RotaryEmbedding.apply(torch.randn(4, 2, 8), torch.randn(4, 1, 4), torch.randn(4, 1, 4))
+    rotate(torch.randn(4, 2, 8), torch.randn(4, 1, 4), torch.randn(4, 1, 4))
     assert calls == ["rms_norm", "rms_norm", "silu_mul", "rope"]
     calls.clear()
-    norm(x.double()), RMSNorm(32, 1e-6, unit_offset=True)(x)  # another dtype; Gemma's 1 + w scale
+    gemma = RMSNorm(32, 1e-6, unit_offset=True)
+    swap_layers(gemma)
+    norm(x.double()), gemma(x)  # another dtype; Gemma's 1 + w scale
     with torch.enable_grad():
         norm(x.requires_grad_())  # a forward that records a graph
-    monkeypatch.setattr(fused, "ENABLED", False)
-    norm(x.detach())
     assert calls == []
+
+
+def test_swap_layers_gives_every_norm_mlp_and_attention_its_cpu_class():
+    model = tiny_model(heads=6, kv_heads=2, head_dim=16)
+    swapped = swap_layers(model)
+    layers = len(model.layers)
+    assert swapped == 4 * layers + 1  # two norms, the MLP and the attention per layer; the final norm
+    assert all(type(layer.mlp) is CpuSwiGLU and type(layer.input_layernorm) is CpuRMSNorm for layer in model.layers)
+    assert all(isinstance(layer.self_attn, Attention) and layer.self_attn.rotate is rotate for layer in model.layers)
+    assert swap_layers(model) == 0  # once only
 
 
 def test_the_engine_gives_the_same_tokens_with_the_kernels_off(monkeypatch):
     model = tiny_model(heads=6, kv_heads=2, head_dim=16)
-    with_kernels = serve_growing_prompts(model)
-    monkeypatch.setattr(fused, "ENABLED", False)
-    assert serve_growing_prompts(model) == with_kernels
+    plain = serve_growing_prompts(model, fast_path="off")  # first: the fast path changes the model in place
+    assert type(model.layers[0].mlp) is SwiGLU
+    assert serve_growing_prompts(model, fast_path="auto") == plain
+    assert type(model.layers[0].mlp) is CpuSwiGLU

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minillm.kernels import gguf_cpu
+from minillm.cpu.kernels import gguf_cpu
 from minillm.quant.gguf_linear import GGUFLinear, keep_gguf_blocks
 
 OK, WHY = gguf_cpu.available()
@@ -138,7 +138,7 @@ def test_a_k_quant_file_mixes_types_inside_one_layer_exactly():
 
 @pytest.mark.slow  # one torch.compile of the decode step (~1-3 min on 2 cores)
 def test_compiled_decode_runs_the_block_op_and_gives_the_eager_tokens():
-    """The op's fake kernels (kernels/gguf_cpu.py) let inductor trace through it; tokens must not change."""
+    """The op's fake kernels (minillm/cpu/kernels/gguf_cpu.py) let inductor trace through it; tokens must not change."""
     from minillm import LLM, SamplingParams
 
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

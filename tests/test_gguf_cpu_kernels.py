@@ -1,4 +1,4 @@
-"""The C++ GGUF block kernels (kernels/cpu/gguf_matmul.cpp) against gguf-py, the outside reference.
+"""The C++ GGUF block kernels (minillm/cpu/kernels/gguf_matmul.cpp) against gguf-py, the outside reference.
 
 - dequantize: equals gguf.quants.dequantize bit for bit, every supported type.
 - qmatmul: within ACT_TOL of x @ dequant(W).T (the activation's 8-bit blocks are the
@@ -22,7 +22,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
-from minillm.kernels import gguf_cpu
+from minillm.cpu.kernels import gguf_cpu
 
 OK, WHY = gguf_cpu.available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"GGUF CPU kernels unavailable: {WHY}")
@@ -127,7 +127,7 @@ _CHILD = """
 import json, sys, numpy as np, torch
 sys.path.insert(0, {root!r})
 from tests.test_gguf_cpu_kernels import TYPES, _interleaved_products, _matmul, random_blocks
-from minillm.kernels import gguf_cpu
+from minillm.cpu.kernels import gguf_cpu
 out = {{"isa": gguf_cpu.load().isa()}}
 x = torch.randn(2, 512, generator=torch.Generator().manual_seed(5))
 for t in TYPES:
@@ -324,7 +324,7 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     import os
     import time
 
-    from minillm.kernels.gguf_cpu import clear_stale_lock
+    from minillm.cpu.kernels.gguf_cpu import clear_stale_lock
 
     assert not clear_stale_lock(tmp_path)  # no lock: nothing to do
     lock = tmp_path / "lock"

@@ -1,10 +1,10 @@
-"""Weights moved into a huge-page mapping (engine/huge_pages.py): same values, same objects, tied stays tied."""
+"""Weights moved into a huge-page mapping (minillm/cpu/huge_pages.py): same values, same objects, tied stays tied."""
 import pytest
 import torch
 from torch import nn
 
-from minillm.engine import huge_pages
-from minillm.engine.huge_pages import huge_page_bytes_in, move_to_huge_pages, thp_mode
+from minillm.cpu import huge_pages
+from minillm.cpu.huge_pages import huge_page_bytes_in, move_to_huge_pages, thp_mode
 from minillm.roofline.roofs import probe_buffer
 
 HAS_THP = thp_mode() in ("always", "madvise")
@@ -106,11 +106,11 @@ def test_a_compiled_graphs_packed_weights_are_collapsed():
                                                   cpu_decode_step=False))  # decode through the graphs
     eng.add_request("a", [5, 6, 7, 8, 9], greedy(6))
     run_to_completion(eng)
-    reports = eng.executor.compiled_decode.huge_pages
+    reports = eng.executor.compiled_decode.constants_reports
     assert reports and reports[0].tensors > 0 and reports[0].action == "collapsed in place"
     if not reports[0].mode.startswith("unavailable"):
         assert reports[0].huge_bytes > 0
-    assert eng.executor.huge_pages.tensors > 0  # and the model's own weights were moved
+    assert eng.executor.fast_path.huge_pages.tensors > 0  # and the model's own weights were moved
 
 
 def test_the_bench_json_says_what_this_process_moved():

@@ -1,4 +1,4 @@
-"""MKL's packed sgemm for batched float32 linears (kernels/mkl_packed.py) against F.linear."""
+"""MKL's packed sgemm for batched float32 linears (minillm/cpu/kernels/mkl_packed.py) against F.linear."""
 from __future__ import annotations
 
 import gc
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from minillm.kernels import mkl_packed, tiled_cpu
-from minillm.models.skinny_linear import SkinnyLinear
+from minillm.cpu.kernels import mkl_packed, tiled_cpu
+from minillm.cpu.skinny_linear import SkinnyLinear
 
 if not mkl_packed.works_here():
     pytest.skip("this torch has no MKL packed sgemm, or its packing depends on the row count", allow_module_level=True)
@@ -57,7 +57,7 @@ def test_a_batched_skinny_linear_takes_the_packed_product_when_enabled(monkeypat
     calls = []
     real = mkl_packed.linear
     monkeypatch.setattr(mkl_packed, "linear", lambda *a: calls.append(a[0].shape) or real(*a))
-    monkeypatch.setattr("minillm.models.skinny_linear.transposed_max_rows", lambda: 32)
+    monkeypatch.setattr("minillm.cpu.skinny_linear.transposed_max_rows", lambda: 32)
     with torch.no_grad():
         y = lin(x)
     assert calls == [torch.Size([60, 96])]

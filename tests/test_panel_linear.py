@@ -1,4 +1,4 @@
-"""The few-row linear on panel-packed weights (kernels/cpu/panel_f32.cpp, engine/few_row_panels.py): the
+"""The few-row linear on panel-packed weights (minillm/cpu/kernels/panel_f32.cpp, minillm/cpu/panels.py): the
 layout, the kernel against a float64 reference, SkinnyLinear's use of it, and when an engine packs."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from minillm.engine.few_row_panels import PANELS_ENV, body_linears, pack_panels, panels_wanted
-from minillm.kernels import gguf_cpu, panel_cpu
-from minillm.models.skinny_linear import PANEL_ROWS, SkinnyLinear, use_skinny_linears
+from minillm.cpu.panels import PANELS_ENV, body_linears, pack_panels, panels_wanted
+from minillm.cpu.kernels import gguf_cpu, panel_cpu
+from minillm.cpu.skinny_linear import PANEL_ROWS, SkinnyLinear, use_skinny_linears
 
 try:
     panel_cpu.load()
@@ -153,11 +153,11 @@ def test_a_speculative_engine_with_panels_keeps_greedy_output(monkeypatch):
         return eng, run_to_completion(eng)
 
     plain_engine, plain = go(None)
-    assert "speculative" in str(plain_engine.executor.panels)
+    assert "speculative" in str(plain_engine.executor.fast_path.panels)
     calls = []
     real = panel_cpu.linear
     monkeypatch.setattr(panel_cpu, "linear", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
     spec_engine, spec = go({"method": "ngram", "num_tokens": 3})
-    assert spec_engine.executor.panels.layers > 0
+    assert spec_engine.executor.fast_path.panels.layers > 0
     assert spec == plain
     assert calls and max(calls) > 1

@@ -41,7 +41,7 @@ def test_bench_quant_reports_bytes_that_match_the_tensors(default_model):
 @pytest.mark.slow
 def test_gguf_setting_holds_no_float_copy_of_the_decoder_linears(default_model):
     _, model, s = build_subject(default_model, "gguf")
-    from minillm.kernels.gguf_cpu import available
+    from minillm.cpu.kernels.gguf_cpu import available
     from minillm.quant.gguf_linear import GGUFLinear
 
     assert s.quantization == "gguf"

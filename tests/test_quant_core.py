@@ -6,8 +6,8 @@ import torch
 
 from minillm.quant import (QuantLinear, dequantize_int4, pack_int4, quantize_int4, quantize_int8, quantize_model,
                            quantized_layers, unpack_int4)
-from minillm.quant.apply import check_llm_options
 from minillm.quant.awq import search_scale
+from minillm.quant.methods import check_llm_options
 from tests.helpers.engine_utils import tiny_model
 
 

@@ -20,7 +20,7 @@ from minillm.quant.int4 import quantize_int4, unpack_int4
 from minillm.quant.int8 import quantize_int8
 from minillm.quant.linear import QuantLinear
 
-gguf_cpu = pytest.importorskip("minillm.kernels.gguf_cpu")
+gguf_cpu = pytest.importorskip("minillm.cpu.kernels.gguf_cpu")
 if not gguf_cpu.available()[0]:
     pytest.skip(f"GGUF block kernels unavailable: {gguf_cpu.available()[1]}", allow_module_level=True)
 gguf = pytest.importorskip("gguf")

@@ -73,7 +73,7 @@ def test_quantized_greedy_output_stays_close_to_float(method, float_llm, float_o
     print(method, "common greedy prefix per prompt (of 24):", prefixes, "teacher-forced top-1 agreement:", agree)
     # Teacher-forced top-1 agreement with the float model's greedy text (the prefill path) was >= 0.96
     # for int8 and for gguf (the file's Q4_1 codes with bf16 scales). On these 144 tokens it moves by
-    # ~2 points with float rounding alone: the fused CPU kernels (kernels/fused_cpu.py, the C++ prefill
+    # ~2 points with float rounding alone: the fused CPU kernels (minillm/cpu/kernels/fused_cpu.py, the C++ prefill
     # attention), whose float logits differ from the PyTorch layers' by < 1e-4, gave gguf 0.9375 on, 0.951
     # and 0.965 with one or both off. On 2,397 tokens of pydoc text: 0.937 on, 0.939 off. A wrong scale or
     # code layout agrees on a small fraction of the tokens.

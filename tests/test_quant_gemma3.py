@@ -10,7 +10,7 @@ from minillm.config import ModelConfig
 from minillm.models.gemma3 import Gemma3ForCausalLM
 from minillm.models.layers import RMSNorm
 from minillm.quant import quantize_model
-from minillm.quant.apply import divide_norm
+from minillm.quant.targets import divide_norm
 
 
 def test_folding_into_a_unit_offset_norm_is_exact():

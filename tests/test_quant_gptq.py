@@ -178,7 +178,7 @@ def test_gptq_perplexity_on_the_default_model_is_at_most_rtn_at_group_64():
 
 
 def test_gptq_is_an_llm_option_with_int4_group_sizes():
-    from minillm.quant.apply import check_llm_options
+    from minillm.quant.methods import check_llm_options
 
     check_llm_options("gptq", 64)
     with pytest.raises(ValueError, match="group size must be one of"):
@@ -204,7 +204,8 @@ def test_too_few_calibration_tokens_overfit_and_two_per_input_with_damping_gener
 
 def test_gptq_calibrates_on_at_least_two_tokens_per_input_of_the_widest_linear(tmp_path):
     from minillm.loader import load_model
-    from minillm.quant.apply import quantize_loaded, target_linears
+    from minillm.quant.apply import quantize_loaded
+    from minillm.quant.targets import target_linears
     from minillm.quant.gptq import CALIB_LEN, CALIB_WINDOWS, calibration_windows
     from tests.helpers.tiny_models import make_tiny_hf_model
 

@@ -148,7 +148,7 @@ def test_w8a8_on_the_default_model_agrees_with_float():
 
 
 def test_w8a8_and_fp8_are_llm_options_without_a_group_size():
-    from minillm.quant.apply import check_llm_options
+    from minillm.quant.methods import check_llm_options
 
     check_llm_options("w8a8", None)
     check_llm_options("fp8", None)

@@ -22,9 +22,8 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from minillm.engine.block_manager import make_block_manager
 from minillm.engine.config import EngineConfig
-from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.llm_engine import LLMEngine, make_block_manager
 from minillm.engine.radix_cache import RadixBlockManager
 from minillm.engine.radix_tree import RadixTree
 from minillm.engine.scheduler import Scheduler

@@ -156,7 +156,7 @@ def test_the_compute_roof_covers_the_models_prefill_products(monkeypatch):
     import torch
 
     from minillm.loader import load_config
-    from minillm.models.skinny_linear import transposed_max_rows
+    from minillm.cpu.skinny_linear import transposed_max_rows
     from minillm.roofline import roofs as R
 
     try:
@@ -223,7 +223,7 @@ def test_a_shape_the_engines_own_kernel_multiplies_faster_raises_the_roof(monkey
 
 
 def test_the_tiled_kernel_is_measured_on_a_float32_cpu_product_where_it_is_built():
-    from minillm.kernels import tiled_cpu
+    from minillm.cpu.kernels import tiled_cpu
     from minillm.roofline import roofs as R
 
     cpu = torch.device("cpu")

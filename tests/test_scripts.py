@@ -60,21 +60,23 @@ def test_quick_mode_runs_the_fast_subset_without_models_or_chromium(fake_path, t
 
 
 def test_the_whole_suite_runs_in_two_phases_with_a_worker_per_cpu(fake_path, tmp_path):
-    """Phase 1: every test but the notebooks' run, in pytest-xdist workers (one per CPU, whole files each);
-    phase 2: the notebooks' run alone, so its timed claims do not share the CPUs with other tests."""
+    """Phase 1: every test but the notebooks' run, in pytest-xdist workers (one per CPU, whole files each),
+    then the equivalence tests again on the plain path (MINILLM_FAST_PATH=off); phase 2: the notebooks' run
+    alone, so its timed claims do not share the CPUs with other tests."""
     # a python3 that reports 2 usable CPUs (and, as a recorder, that xdist imports)
     (fake_path / "python3").write_text(RECORDER + 'case "$2" in *sched_getaffinity*) echo 2;; esac\n')
     calls, err = run_test_sh(fake_path, tmp_path, args=(), MINILLM_TEST_MODELS="0")
     runs = [c for c in calls if c.startswith("python3 -m pytest")]
     notebooks = "tests/test_notebooks.py::test_notebooks_execute_under_nbval_and_the_book_builds"
-    assert len(runs) == 2, runs
+    assert len(runs) == 3, runs
     assert "-n 2 --dist loadfile" in runs[0] and runs[0].endswith(f"--deselect {notebooks}"), runs[0]
-    assert runs[1].endswith(notebooks) and " -n " not in runs[1] and " -rs " in runs[1], runs[1]
-    assert "phase 1 of 2" in err and "phase 2 of 2" in err
+    assert "tests/test_engine_equivalence.py" in runs[1] and "-n 2" in runs[1], runs[1]
+    assert runs[2].endswith(notebooks) and " -n " not in runs[2] and " -rs " in runs[2], runs[2]
+    assert "phase 1 of 2" in err and "MINILLM_FAST_PATH=off" in err and "phase 2 of 2" in err
 
 
 def test_one_worker_when_asked(fake_path, tmp_path):
     (fake_path / "python3").write_text(RECORDER + 'case "$2" in *sched_getaffinity*) echo 2;; esac\n')
     calls, _ = run_test_sh(fake_path, tmp_path, args=(), MINILLM_TEST_MODELS="0", MINILLM_TEST_WORKERS="1")
     runs = [c for c in calls if c.startswith("python3 -m pytest")]
-    assert len(runs) == 2 and not any(" -n " in r for r in runs), runs
+    assert len(runs) == 3 and not any(" -n " in r for r in runs), runs

@@ -47,7 +47,7 @@ def chat_messages(text: str = "What is the answer?") -> list[dict]:
 
 def chat_reference(params: SamplingParams):
     prompt = make_tiny_tokenizer().apply_chat_template(chat_messages(), tokenize=False, add_generation_prompt=True)
-    return offline(prompt, params), len(make_tiny_tokenizer().encode(prompt, add_special_tokens=False))
+    return offline(prompt, params, chat=True), len(make_tiny_tokenizer().encode(prompt, add_special_tokens=False))
 
 
 # ----- plain endpoints ------------------------------------------------------------------
@@ -66,13 +66,13 @@ def test_completion_matches_engine(client, reference):
     assert r.object == "text_completion" and r.model == MODEL_NAME
     assert r.choices[0].text == reference.text
     assert r.choices[0].finish_reason == "length"
-    n_prompt = len(make_tiny_tokenizer().encode(PROMPT, add_special_tokens=False))
+    n_prompt = len(make_tiny_tokenizer().encode(PROMPT))  # the tokenizer's BOS first, as for any text prompt
     assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (n_prompt, 24, n_prompt + 24)
 
 
 def test_completion_token_ids_and_batch(client, reference):
     tok = make_tiny_tokenizer()
-    ids = [tok.encode(p, add_special_tokens=False) for p in (PROMPT, "Hello world")]
+    ids = [tok.encode(p) for p in (PROMPT, "Hello world")]
     other = offline("Hello world", GREEDY)[0].text
     for prompt in (ids, [PROMPT, "Hello world"]):
         r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=24, temperature=0)

@@ -50,7 +50,7 @@ def test_outputs_match_the_engine_and_observers_see_each_step_once():
     async def main():
         ae.start()
         try:
-            streams = [await ae.add_request(f"r{i}", tok.encode(p, add_special_tokens=False), params)
+            streams = [await ae.add_request(f"r{i}", tok.encode(p), params)  # a text prompt's ids: BOS first
                        for i, p in enumerate(prompts)]
             finals = []
             for s in streams:

@@ -52,10 +52,11 @@ def tiny_engine(num_blocks: int = 512, block_size: int = 4, max_num_seqs: int = 
     )
 
 
-def offline(prompt: str, params: SamplingParams, seed: int = 0) -> list:
-    """The engine's own outputs for one prompt (no server): the reference for server answers."""
+def offline(prompt: str, params: SamplingParams, seed: int = 0, chat: bool = False) -> list:
+    """The engine's own outputs for one prompt (no server): the reference for server answers. A text
+    prompt gets the tokenizer's special tokens (its BOS), a rendered chat prompt none (its template's)."""
     engine = tiny_engine(seed=seed)
-    ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+    ids = engine.tokenizer.encode(prompt, add_special_tokens=not chat)
     engine.add_request("ref", ids, params)
     final = None
     while engine.has_unfinished_requests():

@@ -1,11 +1,11 @@
-"""SkinnyLinear (models/skinny_linear.py): the same products as nn.Linear, through W @ x.T for few rows."""
+"""SkinnyLinear (minillm/cpu/skinny_linear.py): the same products as nn.Linear, through W @ x.T for few rows."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
 
-from minillm.models.skinny_linear import MAX_ROWS, SkinnyLinear, use_skinny_linears
+from minillm.cpu.skinny_linear import MAX_ROWS, SkinnyLinear, use_skinny_linears
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 11, 64, MAX_ROWS, MAX_ROWS + 1])
@@ -37,8 +37,8 @@ def test_other_dtypes_and_layouts_use_the_plain_path():
 @pytest.mark.parametrize("rows", [*range(1, 9), 12, 16, 21, 32])  # beyond 8: groups of 8 over each weight tile
 @pytest.mark.parametrize("in_out", [(576, 960), (1536, 576), (40, 13), (72, 5)])  # 13 rows: a tile and a remainder; K 40 and 72: the one-row stream's 64-float steps and an 8-float tail
 def test_few_row_kernel_equals_float64_reference(rows, in_out):
-    """The C++ kernel (kernels/cpu/skinny_f32.cpp), vector and portable paths, against float64."""
-    from minillm.kernels import skinny_cpu
+    """The C++ kernel (minillm/cpu/kernels/skinny_f32.cpp), vector and portable paths, against float64."""
+    from minillm.cpu.kernels import skinny_cpu
 
     if not skinny_cpu.available():
         pytest.skip("the few-row kernel could not be built here (no compiler)")
@@ -55,7 +55,7 @@ def test_few_row_kernel_equals_float64_reference(rows, in_out):
 
 
 def test_few_row_kernel_is_what_skinny_linear_runs_and_refuses_what_it_cannot_do():
-    from minillm.kernels import skinny_cpu
+    from minillm.cpu.kernels import skinny_cpu
 
     if not skinny_cpu.available():
         pytest.skip("the few-row kernel could not be built here (no compiler)")
@@ -73,7 +73,7 @@ def test_few_row_kernel_is_what_skinny_linear_runs_and_refuses_what_it_cannot_do
 
 
 def test_a_kernel_that_cannot_build_warns_and_falls_back():
-    from minillm.kernels import gguf_cpu
+    from minillm.cpu.kernels import gguf_cpu
 
     def broken():
         raise gguf_cpu.GGUFKernelUnavailable("no compiler")
@@ -86,15 +86,15 @@ def test_a_kernel_that_cannot_build_warns_and_falls_back():
 @pytest.fixture
 def transposed_product(monkeypatch):
     """W @ x.T up to MAX_ROWS, as on a CPU other than Intel's (on Intel's, F.linear from 33 rows)."""
-    from minillm.models import skinny_linear
+    from minillm.cpu import skinny_linear
 
     monkeypatch.setattr(skinny_linear, "transposed_max_rows", lambda: MAX_ROWS)
 
 
 @pytest.mark.parametrize("vendor", ["intel", "amd"])
 def test_beyond_the_kernels_an_intel_cpu_takes_mkls_own_product(vendor, monkeypatch):
-    from minillm.kernels import tiled_cpu
-    from minillm.models import skinny_linear
+    from minillm.cpu.kernels import tiled_cpu
+    from minillm.cpu import skinny_linear
 
     monkeypatch.setattr(tiled_cpu, "_ready", False)  # the path beyond both kernels
     monkeypatch.setattr(tiled_cpu, "cpu_vendor", lambda: vendor)
@@ -147,8 +147,8 @@ def _check_column_major(lin, ref, x, rows):
 def test_a_wide_layer_is_multiplied_in_blocks_of_output_rows(rows, monkeypatch, transposed_product):
     """Beyond OUT_BLOCK outputs (an LM head), the product runs block by block: exactly one W @ x.T.
     (Where the tiled kernel is built it takes these rows; this is the path where it is not.)"""
-    from minillm.kernels import tiled_cpu
-    from minillm.models.skinny_linear import OUT_BLOCK
+    from minillm.cpu.kernels import tiled_cpu
+    from minillm.cpu.skinny_linear import OUT_BLOCK
 
     monkeypatch.setattr(tiled_cpu, "_ready", False)
 
@@ -183,11 +183,11 @@ def test_a_forward_that_records_a_graph_backpropagates_exactly(rows):
 
 
 def test_the_greedy_kernel_picks_torchs_token_in_every_case():
-    """kernels/cpu/skinny_f32.cpp's greedy: the first maximum of each row, a NaN counting as the maximum
+    """minillm/cpu/kernels/skinny_f32.cpp's greedy: the first maximum of each row, a NaN counting as the maximum
     (its first one), as torch's max(-1).indices -- on ties, NaNs, infinities and rows of every length
     around the vector width and the threads' split."""
     from minillm.engine.sampler import greedy_tokens
-    from minillm.kernels import skinny_cpu
+    from minillm.cpu.kernels import skinny_cpu
 
     if not skinny_cpu.available():
         pytest.skip("the few-row kernel could not be built here")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from minillm.kernels import gguf_cpu
+from minillm.cpu.kernels import gguf_cpu
 from minillm.spec_decode.draft_vocab import RestrictedLMHead, frequent_tokens, reference_corpus, restrict_lm_head
 from tests.test_gguf_cpu_kernels import random_blocks
 

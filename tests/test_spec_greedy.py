@@ -82,11 +82,11 @@ def test_greedy_speculation_survives_preemption(default_model, reference, name):
 
 def test_tree_paths_off_the_first_branch_need_their_kv_moved(default_model, reference, monkeypatch):
     """The same run without the K/V moves after a tree's verification: later tokens go wrong."""
-    import minillm.engine.llm_engine as llm_engine
+    import minillm.spec_decode.tree as tree  # the engine imports tree_kv_moves from here at each step
 
     e = engine(default_model, SPECS["medusa_tree"])
     assert run(e, prompts(default_model.tokenizer), MAX_TOKENS) == reference
     moved = [r for s in e.trace for r in s.spec if r.accepted_nodes != tuple(range(len(r.accepted_nodes)))]
     assert moved, "some accepted path must leave the first branch for this test to mean anything"
-    monkeypatch.setattr(llm_engine, "tree_kv_moves", lambda *a: [])
+    monkeypatch.setattr(tree, "tree_kv_moves", lambda *a: [])
     assert run(engine(default_model, SPECS["medusa_tree"]), prompts(default_model.tokenizer), MAX_TOKENS) != reference

@@ -13,7 +13,7 @@ import torch
 
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
-from minillm.spec_decode.hydra_heads import HydraHeads
+from minillm.spec_decode.hydra_heads import HydraHeads, load_heads
 from minillm.spec_decode.medusa_heads import MedusaHeads
 from tests.helpers.engine_utils import tiny_model
 from tests.test_spec_medusa import VOCAB, generate, random_heads
@@ -85,7 +85,7 @@ def test_heads_files_say_their_kind_and_the_wrong_kind_is_a_clear_error(tmp_path
     heads = random_hydra(model, 2)
     path = tmp_path / "h.safetensors"
     heads.save(path, base_model="tiny")
-    back = MedusaHeads.load(path, model.config.hidden_size)
+    back = load_heads(path, model.config.hidden_size)
     assert isinstance(back, HydraHeads) and back.metadata["kind"] == "hydra"
     h, e = torch.randn(5, model.config.hidden_size), torch.randn(2, 5, model.config.hidden_size)
     torch.testing.assert_close(back(h, e), heads(h, e), rtol=0, atol=0)
@@ -102,7 +102,7 @@ def test_heads_files_say_their_kind_and_the_wrong_kind_is_a_clear_error(tmp_path
     save_file(load_file(str(tmp_path / "m.safetensors")), str(tmp_path / "lie.safetensors"),
               metadata={"num_heads": "2", "hidden_size": str(model.config.hidden_size), "kind": "hydra"})
     with pytest.raises(ValueError, match="do not fit hydra heads"):
-        MedusaHeads.load(tmp_path / "lie.safetensors")
+        load_heads(tmp_path / "lie.safetensors")
 
 
 @pytest.mark.parametrize("kind", [MedusaHeads, HydraHeads])
@@ -120,7 +120,7 @@ def test_deeper_heads_start_as_the_identity_and_keep_their_depth_in_the_file(kin
     shallow.load_state_dict({k: v for k, v in deep.state_dict().items() if ".extra." not in k})
     assert not torch.allclose(deep(*args), shallow(*args))  # the extra layers take part
     deep.save(tmp_path / "deep.safetensors")
-    back = MedusaHeads.load(tmp_path / "deep.safetensors", hid)
+    back = load_heads(tmp_path / "deep.safetensors", hid)
     assert type(back) is kind and back.layers == 3 and back.metadata["head_layers"] == "3"
     torch.testing.assert_close(back(*args), deep(*args), rtol=0, atol=0)
     with torch.no_grad():

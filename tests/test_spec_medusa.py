@@ -14,6 +14,7 @@ import torch
 from minillm.engine.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.sampling_params import SamplingParams
+from minillm.spec_decode.hydra_heads import load_heads
 from minillm.spec_decode.medusa_heads import MedusaHeads
 from minillm.spec_decode.medusa import embedding_fingerprint
 from minillm.spec_decode.medusa_train import MedusaTrainConfig, train_heads
@@ -157,18 +158,18 @@ def test_heads_file_round_trip_and_errors(tmp_path):
     heads = random_heads(model, 2)
     path = tmp_path / "h.safetensors"
     heads.save(path, base_model="tiny", loss_curve=[(1, 2.0)])
-    back = MedusaHeads.load(path, model.config.hidden_size)
+    back = load_heads(path, model.config.hidden_size)
     assert back.num_heads == 2 and back.metadata["base_model"] == "tiny"
     h = torch.randn(5, model.config.hidden_size)
     torch.testing.assert_close(back(h), heads(h), rtol=0, atol=0)
     with pytest.raises(ValueError, match="hidden size"):
-        MedusaHeads.load(path, model.config.hidden_size + 8)
+        load_heads(path, model.config.hidden_size + 8)
     with pytest.raises(FileNotFoundError, match="train-medusa"):
-        MedusaHeads.load(tmp_path / "missing.safetensors")
+        load_heads(tmp_path / "missing.safetensors")
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="not a readable Medusa heads file"):
-        MedusaHeads.load(bad)
+        load_heads(bad)
 
 
 @pytest.mark.default_model

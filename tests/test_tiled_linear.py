@@ -1,12 +1,12 @@
-"""The batched float32 linear (kernels/cpu/tiled_f32.cpp) against float64, and where SkinnyLinear runs it."""
+"""The batched float32 linear (minillm/cpu/kernels/tiled_f32.cpp) against float64, and where SkinnyLinear runs it."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
 
-from minillm.kernels import tiled_cpu
-from minillm.models.skinny_linear import SkinnyLinear, use_skinny_linears
+from minillm.cpu.kernels import tiled_cpu
+from minillm.cpu.skinny_linear import SkinnyLinear, use_skinny_linears
 
 needs_kernel = pytest.mark.skipif(not tiled_cpu.available(), reason="the tiled kernel could not be built here")
 
@@ -148,7 +148,7 @@ def test_tiled_kernel_is_built_for_avx2_and_portable_too(tmp_path):
 
     code = (
         "import torch\n"
-        "from minillm.kernels import tiled_cpu\n"
+        "from minillm.cpu.kernels import tiled_cpu\n"
         "assert tiled_cpu.available()\n"
         "assert tiled_cpu.loaded_isa() == 'EXPECTED', tiled_cpu.loaded_isa()\n"
         "torch.manual_seed(0)\n"
@@ -173,16 +173,18 @@ def test_a_quantized_down_projection_reads_the_column_major_activation(bits, rou
     """SwiGLU's gate/up may hand on a column-major view (column_major_out), and so may its activation (the
     fused C++ silu_mul keeps the layout); a quantized down projection behind it (a GGUF file's int4 layer,
     torch's int4/int8 CPU kernels) must take it as it is."""
-    from minillm.models import fused
+    from minillm.cpu import layers as cpu_layers
+    from minillm.cpu.kernels import fused_cpu
     from minillm.models.layers import SwiGLU
     from minillm.quant.linear import QuantLinear
 
-    if fused_kernels and not fused.build_cpu_kernels():
+    if fused_kernels and not fused_cpu.available():
         pytest.skip("the fused CPU kernels could not be built here")
-    monkeypatch.setattr(fused, "ENABLED", fused_kernels)
 
     torch.manual_seed(bits)
     mlp = SwiGLU(64, 192)
+    if fused_kernels:
+        cpu_layers.swap_layers(mlp)
     use_skinny_linears(mlp)
     down = QuantLinear.from_float(mlp.down_proj.weight.detach(), bits, 32)
     if not down.use_cpu_kernels(route=route):
@@ -191,12 +193,12 @@ def test_a_quantized_down_projection_reads_the_column_major_activation(bits, rou
     x = torch.randn(256, 64)  # prefill's rows: the tiled kernel's wide-layer case where it is built
     with torch.no_grad():
         hidden = mlp.gate_up_proj(x)
-        if fused.use_fused_cpu(hidden):
-            act = fused.silu_mul_cpu(hidden)
+        if fused_kernels and cpu_layers.applies(hidden):
+            act = fused_cpu.silu_mul(hidden)
         else:
             gate, up = hidden.chunk(2, dim=-1)
             act = mlp.act(gate) * up
-        assert fused.use_fused_cpu(hidden) == fused_kernels
+        assert (fused_kernels and cpu_layers.applies(hidden)) == fused_kernels
         got = mlp(x)
         want = down(act.contiguous())
     torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -47,17 +47,9 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # bool [num_decode_seqs, 1, 1, L]; None when all lengths are equal
     # the same three for the sliding-window layers, per window: derived by the first such layer, shared after
     decode_windowed: dict[int, tuple] = field(default_factory=dict)
-    # CPU kernel steps (torch backend): the first kernel_seqs sequences -- the decode rows, then each short
-    # chunk right after them that follows cached keys (a verify step's k + 1 rows) -- as kernel_rows rows of
-    # one paged-decode call: per row its sequence's block table and its own length (query i of a chunk
-    # sees the keys up to its position, so a causal chunk is that many decode rows)
-    kernel_seqs: int = 0
-    kernel_rows: int = 0
-    kernel_tables: torch.Tensor | None = None  # int32 [kernel_rows, max_blocks]
-    kernel_lens: torch.Tensor | None = None  # [kernel_rows]
-    # a draft tree among them: per row the pool slots of its last keys (int64 [kernel_rows, T], right-aligned,
-    # -1 = none), a node's root-to-node path read from the scratch slots it was written to; None: no tree
-    kernel_tails: torch.Tensor | None = None
+    # per-step state a backend's prepare() derives for its own layers (a fast path's subclass keeps
+    # its kernel's row layout here); opaque to the model and to every other backend
+    backend_state: object | None = None
     # tree verification (None when no sequence of the step verifies a tree): per packed row, which of its
     # chunk's own keys it sees (bool [num_tokens, max_query_len]) and its offset in positions (int32 [num_tokens])
     tree_mask: torch.Tensor | None = None

@@ -1,9 +1,9 @@
-"""The reference attention backend in plain PyTorch; also the CPU fast path.
+"""The reference attention backend in plain PyTorch.
 
-On the CPU, decode queries over a float32/bfloat16 cache go to a C++ kernel that
-reads K/V through the block tables in place (kernels/cpu/paged_attention.cpp);
-the gather path below is its reference, and runs wherever the kernel does not
-(GPUs, int8/fp8 caches, MINILLM_CPU_ATTENTION=torch, no compiler).
+A fast path may subclass it (the CPU one does: minillm/cpu/attention.py) and
+replace three steps, each marked below: the decode rows (`attend_decode`), the
+decode rows of a compiled step (`attend_decode_static`) and a whole causal
+prompt (`causal_kernel`). The code here is their reference.
 
 Decode sequences are batched: the flat pool slot of every key they attend to
 is computed once per step from the block tables, each layer gathers its keys
@@ -14,17 +14,15 @@ repeat_interleave). Sequences shorter than the longest are masked; a batch of
 equal lengths (e.g. batch 1) needs no mask.
 Prefill chunks go one sequence at a time through scaled_dot_product_attention;
 a chunk that starts at position 0 with nothing cached uses its own K/V and the
-fused causal kernel (on a float32 CPU: kernels/cpu/prefill_attention.cpp), a chunk after a cached prefix reads the prefix through the
-block table and uses an explicit offset-causal mask.
+fused causal kernel of scaled_dot_product_attention, a chunk after a cached prefix reads the prefix
+through the block table and uses an explicit offset-causal mask.
 
 Sliding-window layers (``window``): a decode gathers only each sequence's last
 ``window`` keys (its own slots and mask, derived once per step per window); a
 prefill chunk drops the keys no query of it can see and masks
 ``q_pos - window < k_pos <= q_pos``.
 A chunk verifying a tree of drafts (metadata.tree_mask) gets an explicit mask:
-the keys before the chunk, then the root and the query's own ancestors. With the
-C++ kernel its rows are decode rows instead, each reading its root-to-node path
-from the chunk's slots (kernel_rows): no K/V gather and no mask per layer.
+the keys before the chunk, then the root and the query's own ancestors.
 
 Quantized caches (int8 / fp8 with per-token-per-head scales, see kv_quant.py)
 take a separate path so the float path stays as it is: new K/V are quantized
@@ -34,14 +32,17 @@ same keys whether it was prefilled whole, in chunks or from the prefix cache.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
 from minillm.attention.base import AttentionBackend
 from minillm.attention.kv_quant import as_bits, dequantize_kv, quantize_kv
 from minillm.attention.metadata import AttentionMetadata
-from minillm.kernels import paged_attention_cpu as cpu_paged
-from minillm.kernels import prefill_attention_cpu as cpu_prefill
+
+# a fused causal attention (q [L, H, D], k/v [L, kvh, D], scale) -> [L, H, D], or None where it does not apply
+CausalKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], "torch.Tensor | None"]
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
@@ -123,16 +124,20 @@ def decode_attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask:
 
 
 def prefill_one(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, scale: float, window: int | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, scale: float, window: int | None = None,
+    causal: CausalKernel | None = None,
 ) -> torch.Tensor:
-    """q: [Lq, H, D] (the last Lq positions), k/v: [seq_len, kvh, D] -> [Lq, H, D]."""
+    """q: [Lq, H, D] (the last Lq positions), k/v: [seq_len, kvh, D] -> [Lq, H, D].
+    causal: a backend's own kernel for a whole causal prompt, tried first."""
     lq = q.shape[0]
     ctx = seq_len - lq  # position of the first query
     windowed = window is not None and window < seq_len  # else no query can miss a key
     lo = max(0, ctx - window + 1) if windowed else 0  # no query of this chunk sees keys below lo
     k, v = k[lo:], v[lo:]
-    if lq == seq_len and not windowed and cpu_prefill.applies(q, k):
-        return cpu_prefill.causal(q, k, v, scale)  # FlashAttention's loop in C++, 1.6-3.8x SDPA on short prompts
+    if lq == seq_len and not windowed and causal is not None:
+        out = causal(q, k, v, scale)
+        if out is not None:
+            return out
     qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     if lq == seq_len and not windowed:
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=True)
@@ -175,9 +180,10 @@ def chunk_tree(meta: AttentionMetadata, seq: int, start: int, lq: int) -> tuple[
 
 
 def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, scale: float,
-                 window: int | None, tree: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+                 window: int | None, tree: tuple[torch.Tensor, torch.Tensor] | None,
+                 causal: CausalKernel | None = None) -> torch.Tensor:
     if tree is None:
-        return prefill_one(q, k, v, seq_len, scale, window)
+        return prefill_one(q, k, v, seq_len, scale, window, causal)
     return prefill_tree(q, k, v, seq_len, scale, tree[0], tree[1], window)
 
 
@@ -208,7 +214,7 @@ def gather_dequant(cache: torch.Tensor, scales: torch.Tensor, slots: torch.Tenso
 def forward_quant(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     k_scale: torch.Tensor, v_scale: torch.Tensor, meta: AttentionMetadata, scale: float,
-    window: int | None = None,
+    window: int | None = None, causal: CausalKernel | None = None,
 ) -> torch.Tensor:
     """The int8/fp8 cache path: quantize on store, dequantize every key and value read."""
     (kq, ks), (vq, vs) = store_kv_quant(k, v, k_cache, v_cache, k_scale, v_scale, meta.slot_mapping)
@@ -241,58 +247,10 @@ def forward_quant(
             slots_i = table[pos // bs] * bs + pos % bs
             ki = gather_dequant(k_cache, k_scale, slots_i, q.dtype)
             vi = gather_dequant(v_cache, v_scale, slots_i, q.dtype)
-        parts.append(attend_chunk(q[start : start + lq], ki, vi, sl, scale, window, chunk_tree(meta, i, start, lq)))
+        parts.append(attend_chunk(q[start : start + lq], ki, vi, sl, scale, window, chunk_tree(meta, i, start, lq),
+                                  causal))
         start += lq
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-
-
-MAX_CHUNK_AS_ROWS = 16  # longer chunks (prefill) attend faster through SDPA than as separate decode rows
-
-
-def kernel_rows(meta: AttentionMetadata) -> None:
-    """Fill meta.kernel_*: the decode rows, then each following short causal chunk over cached keys, as
-    rows of one paged-decode call. Row i of a chunk of lq rows ending at length sl is a decode query at
-    length sl - lq + 1 + i: the same keys, the same mask (and window) as the chunk's own attention.
-
-    A draft tree's chunk (spec_decode/tree.py) joins too: the row of a node at depth d sees the
-    sl - lq cached keys, the root and its path, so it is a decode query of length sl - lq + 1 + d
-    whose last 1 + d keys are read from the slots the chunk wrote them to (tree_tails)."""
-    nd, covered = meta.num_decode_seqs, meta.num_decode_seqs
-    tables, lens = [meta.block_tables[:nd]], [meta.seq_lens[:nd]]
-    tails: list[tuple[int, torch.Tensor]] = []  # (first kernel row, its tree's tails) per tree chunk
-    seqs = nd
-    for i in range(nd, meta.num_seqs):
-        lq, sl = meta.query_lens_list[i], meta.seq_lens_list[i]
-        if lq > MAX_CHUNK_AS_ROWS or lq == sl:
-            break  # a prefill chunk: it keeps the chunk path, as do the chunks after it
-        tables.append(meta.block_tables[i : i + 1].expand(lq, -1))
-        if meta.tree_seqs is not None and meta.tree_seqs[i]:
-            seen = meta.tree_mask[covered : covered + lq, :lq]  # root, ancestors, itself
-            lens.append((sl - lq + seen.sum(1)).to(meta.seq_lens.dtype))
-            tails.append((covered, tree_tails(seen, meta.slot_mapping[covered : covered + lq])))
-        else:
-            lens.append(torch.arange(sl - lq + 1, sl + 1, dtype=meta.seq_lens.dtype))
-        covered, seqs = covered + lq, i + 1
-    if seqs > nd:
-        meta.kernel_seqs, meta.kernel_rows = seqs, covered
-        meta.kernel_tables = torch.cat(tables).to(torch.int32)
-        meta.kernel_lens = torch.cat(lens)
-        if tails:
-            width = max(t.shape[1] for _, t in tails)
-            meta.kernel_tails = torch.full((covered, width), -1, dtype=torch.int64)
-            for row, t in tails:
-                meta.kernel_tails[row : row + t.shape[0], width - t.shape[1]:] = t
-
-
-def tree_tails(seen: torch.Tensor, chunk_slots: torch.Tensor) -> torch.Tensor:
-    """int64 [lq, lq]: per row of a tree chunk, the slots of the chunk keys it sees (seen [lq, lq] bool),
-    in chunk order (parents come before children, so that is depth order), right-aligned, -1 before."""
-    lq = seen.shape[0]
-    out = torch.full((lq, lq), -1, dtype=torch.int64)
-    for r in range(lq):
-        keys = chunk_slots[seen[r]]
-        out[r, lq - keys.shape[0]:] = keys
-    return out
 
 
 def decode_state(meta: AttentionMetadata, window: int | None, block_size: int, num_kv_heads: int,
@@ -318,12 +276,10 @@ def decode_state(meta: AttentionMetadata, window: int | None, block_size: int, n
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    causal_kernel: CausalKernel | None = None  # a fast path's fused causal prompt attention; None: SDPA's
 
     def prepare(self, meta: AttentionMetadata, block_size: int, num_kv_heads: int, quantized: bool) -> None:
         """The decode keys' pool slots, computed once per step and shared by all layers."""
-        # available() builds the C++ kernel once, eagerly (a compiled graph only reads the result)
-        if meta.block_tables.device.type == "cpu" and cpu_paged.available() and not quantized:
-            kernel_rows(meta)  # decode rows and verify chunks as rows of one kernel call
         nd = meta.num_decode_seqs
         if not nd:
             return
@@ -332,6 +288,25 @@ class TorchAttentionBackend(AttentionBackend):
             meta.block_tables[:nd], meta.seq_lens[:nd], max(lens), block_size, masked=min(lens) != max(lens))
         if not quantized:  # the float path gathers K/V rows already in [B, kvh, L, D] order
             meta.decode_rows = decode_head_rows(meta.decode_slots, nd, num_kv_heads)
+
+    def attend_decode_static(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:
+        """A decode-only step from tensors alone (torch.compile, a captured CUDA graph): no Python lists,
+        so one graph serves every batch size and context length."""
+        bs = k_cache.shape[1]
+        max_len = meta.block_tables.shape[1] * bs
+        slots, mask = decode_gather_slots(meta.block_tables, meta.seq_lens, max_len, bs, masked=True, window=window)
+        rows = decode_head_rows(slots, q.shape[0], k_cache.shape[2])
+        return paged_decode(q, k_cache, v_cache, rows, mask, scale)
+
+    def attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                      scale: float, window: int | None) -> tuple[list[torch.Tensor], int, int]:
+        """The step's decode rows: (outputs, first sequence left for the chunk path, its first row)."""
+        nd = meta.num_decode_seqs
+        if not nd:
+            return [], 0, 0
+        _, rows, mask = decode_state(meta, window, k_cache.shape[1], k_cache.shape[2], quantized=False)
+        return [paged_decode(q[:nd], k_cache, v_cache, rows, mask, scale)], nd, nd
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -343,36 +318,11 @@ class TorchAttentionBackend(AttentionBackend):
             # a direct caller (a test) that skipped prepare(): derive the step's state now
             self.prepare(meta, k_cache.shape[1], k_cache.shape[2], k_scale is not None)
         if k_scale is not None:  # int8 / fp8 cache: the pool binds each layer's scales (engine/kv_cache.py)
-            return forward_quant(q, k, v, k_cache, v_cache, k_scale, v_scale, meta, scale, window)
+            return forward_quant(q, k, v, k_cache, v_cache, k_scale, v_scale, meta, scale, window, self.causal_kernel)
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        bs = k_cache.shape[1]
-        # CPU: the C++ kernel follows the block tables in place (kernels/cpu/paged_attention.cpp); the
-        # gather below copies every K/V row first, which at batch 64+ is most of a step's memory traffic
-        kernel = cpu_paged.applies(q, k_cache)
-        if static and kernel:
-            return cpu_paged.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, window)
-        if static:
-            # Under torch.compile (and in a captured CUDA graph) the runner only sends decode-only
-            # batches; use tensors alone (no Python lists) so one graph serves every batch size and
-            # context length.
-            max_len = meta.block_tables.shape[1] * bs
-            slots, mask = decode_gather_slots(meta.block_tables, meta.seq_lens, max_len, bs, masked=True,
-                                              window=window)
-            rows = decode_head_rows(slots, q.shape[0], k_cache.shape[2])
-            return paged_decode(q, k_cache, v_cache, rows, mask, scale)
-        nd = meta.num_decode_seqs
-        parts = []
-        first, start = nd, nd
-        if kernel and meta.kernel_rows:  # decode rows and verify chunks, in one call
-            parts.append(cpu_paged.paged_decode(q[:meta.kernel_rows], k_cache, v_cache, meta.kernel_tables,
-                                                meta.kernel_lens, scale, window, meta.kernel_tails))
-            first, start = meta.kernel_seqs, meta.kernel_rows
-        elif nd and kernel:
-            parts.append(cpu_paged.paged_decode(q[:nd], k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
-                                                window))
-        elif nd:
-            _, rows, mask = decode_state(meta, window, bs, k_cache.shape[2], quantized=False)
-            parts.append(paged_decode(q[:nd], k_cache, v_cache, rows, mask, scale))
+        if static:  # the runner sends only decode-only batches here
+            return self.attend_decode_static(q, k_cache, v_cache, meta, scale, window)
+        parts, first, start = self.attend_decode(q, k_cache, v_cache, meta, scale, window)
         for i in range(first, meta.num_seqs):
             lq, sl = meta.query_lens_list[i], meta.seq_lens_list[i]
             qi = q[start : start + lq]
@@ -381,6 +331,6 @@ class TorchAttentionBackend(AttentionBackend):
             else:
                 ki = gather_kv(k_cache, meta.block_tables[i : i + 1], sl)[0].to(q.dtype)
                 vi = gather_kv(v_cache, meta.block_tables[i : i + 1], sl)[0].to(q.dtype)
-            parts.append(attend_chunk(qi, ki, vi, sl, scale, window, chunk_tree(meta, i, start, lq)))
+            parts.append(attend_chunk(qi, ki, vi, sl, scale, window, chunk_tree(meta, i, start, lq), self.causal_kernel))
             start += lq
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

@@ -58,7 +58,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads for every subject (default: torch's)")
     p.add_argument("--compile", action="store_true", help="minillm with torch.compile'd decode steps")
     p.add_argument("--cpu-decode-step", choices=["auto", "off"], default="auto",
-                   help="minillm's one-region C++ decode step on a CPU (engine/cpu_decode_step.py): where it "
+                   help="minillm's one-region C++ decode step on a CPU (minillm/cpu/decode_step.py): where it "
                         "applies (auto), or off (op by op, or the compiled graph with --compile)")
     p.add_argument("--quantization", choices=["int8", "int4", "int4-awq", "gptq", "w8a8", "fp8", "gguf"], default=None,
                    help="minillm's weight-only quantization (peers keep their own weights)")
@@ -280,7 +280,7 @@ def _subjects(args: argparse.Namespace, device: str, kv_bytes: int | None = None
     subjects = [load_minillm(args.model, args.dtype, device, kv_bytes, compile=args.compile,
                              quantization=args.quantization, quantize_lm_head=args.quantize_lm_head,
                              cpu_decode_step=None if args.cpu_decode_step == "auto" else False, **engine_kw)]
-    args.decode_path = subjects[0].decode_path()  # recorded in the settings (_settings)
+    args.minillm_subject = subjects[0]  # its fast path and the paths its steps took: the report records them
     if "transformers" in args.compare:
         from minillm.bench.hf_subject import load_transformers
 
@@ -353,7 +353,16 @@ def _settings(args: argparse.Namespace, device: str) -> dict[str, Any]:
             "threads": torch.get_num_threads(), "compare": list(args.compare), "hf_cache": args.hf_cache,
             "prefix_caching": False, "compile": args.compile, "seed": args.seed, "wait_quiet_s": args.wait_quiet,
             "quantization": args.quantization, "quantize_lm_head": args.quantize_lm_head,
-            "decode_path": getattr(args, "decode_path", None), **_llama_cpp_settings(args)}
+            **_llama_cpp_settings(args)}
+
+
+def _paths(args: argparse.Namespace, report: dict[str, Any]) -> dict[str, Any]:
+    """The report with minillm's fast path (start-up choices included) and the paths its steps took."""
+    subject = getattr(args, "minillm_subject", None)
+    if subject is not None:
+        report["settings"]["fast_path"] = subject.fast_path()
+        report["settings"]["decode_path"] = subject.decode_path()
+    return report
 
 
 def _llama_cpp_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -380,7 +389,7 @@ def _latency(args: argparse.Namespace) -> dict[str, Any]:
         settle=functools.partial(settle, args.wait_quiet),
     )
     print(format_latency(summary))
-    return report
+    return _paths(args, report)
 
 
 def _throughput(args: argparse.Namespace) -> dict[str, Any]:
@@ -405,7 +414,7 @@ def _throughput(args: argparse.Namespace) -> dict[str, Any]:
         log=(lambda s: None) if args.quiet else _log, settle=functools.partial(settle, args.wait_quiet),
     )
     print(format_throughput(summary))
-    return report
+    return _paths(args, report)
 
 
 def _serve(args: argparse.Namespace) -> dict[str, Any]:

@@ -56,7 +56,7 @@ def _rate(fn: Callable[[], object], flops: float, repeats: int, min_time: float)
 
 def shapes_of(model) -> list[tuple[str, int, int]]:
     """(name, K, N) of the first decoder layer's target linears (every layer has the same)."""
-    from minillm.quant.apply import TARGETS
+    from minillm.quant.targets import TARGETS
 
     layer = model.layers[0]
     return [(t.split(".")[-1], layer.get_submodule(t).in_features, layer.get_submodule(t).out_features)

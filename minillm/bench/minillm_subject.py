@@ -31,14 +31,16 @@ class MinillmSubject:
         return self.engine.model.config
 
     def decode_path(self) -> str:
-        """What runs this engine's decode steps of up to 16 rows: the one-region C++ step, the compiled
-        graph or the layers op by op (with the reason the C++ step does not apply)."""
-        executor = self.engine.executor
-        if getattr(executor, "decode_step", None) is not None:
-            return "one-region C++ step (engine/cpu_decode_step.py)"
-        why = getattr(executor, "decode_step_skipped", None)
-        path = "torch.compile graph" if self.engine.config.compile else "op by op"
-        return f"{path} (one-region step: {why})" if why else path
+        """What runs this engine's decode steps: the paths its steps took so far (StepTrace.path), else
+        the fast path it runs (or why none runs)."""
+        seen = sorted({t.path for t in self.engine.trace if t.path and t.num_decode_tokens})
+        report = self.engine.executor.fast_path_report
+        fast = f"fast path {report.name}" if report.name else f"no fast path ({report.why_not})"
+        return f"{' + '.join(seen) or 'no decode step yet'}; {fast}"
+
+    def fast_path(self) -> dict:
+        """The engine's fast path and its start-up choices (the bench JSON records them)."""
+        return self.engine.executor.fast_path_report.to_dict()
 
     def resize_kv_cache(self, kv_cache_memory_bytes: int) -> None:
         """A fresh engine over the same model with a KV pool of this many bytes (other settings kept)."""

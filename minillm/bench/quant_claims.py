@@ -10,8 +10,8 @@ from __future__ import annotations
 import statistics
 from typing import Mapping, Sequence
 
+from minillm.host import cpu_flags
 from minillm.quant.w8a8 import INT8_DOT_FLAGS
-from minillm.roofline.machine import cpu_flags
 
 __all__ = ["AMX_FLAGS", "INT8_DOT_FLAGS", "best_of", "check_file_is_not_memory", "check_float_kv_outgrows_weights",
            "check_perplexity_hides_flips", "check_w8a8_gain", "cpu_flags"]

@@ -21,7 +21,6 @@ import torch
 
 from minillm.attention.metadata import AttentionMetadata
 from minillm.engine.sequence import Sequence
-from minillm.spec_decode.tree import node_depths
 
 
 @dataclass
@@ -107,6 +106,8 @@ class StepBatch:
             if c.draft_parents is None:
                 b.positions.extend(range(end, end + len(drafts)))
             else:  # a tree node sits at the root's position plus its depth; its slot is its list index
+                from minillm.spec_decode.tree import node_depths
+
                 b.positions.extend(end - 1 + d for d in node_depths(c.draft_parents))
             b.tree_parents.append(c.draft_parents)
             b.query_lens.append(end - start + len(drafts))

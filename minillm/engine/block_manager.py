@@ -371,15 +371,3 @@ class BlockManager:
                 f"block {block.block_id} free-list mismatch")
         for h, bid in self.hash_to_block.items():
             assert self.blocks[bid].block_hash == h
-
-
-def make_block_manager(num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                       hash_algo: str = "sha256", prefix_cache: str = "hash") -> BlockManager:
-    """The pool's manager: the hash chain above, or the radix tree (radix_cache.py) on the same pool."""
-    if prefix_cache not in PREFIX_CACHES:
-        raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES}, got {prefix_cache!r}")
-    if prefix_cache == "radix" and enable_prefix_caching:
-        from minillm.engine.radix_cache import RadixBlockManager
-
-        return RadixBlockManager(num_blocks, block_size)
-    return BlockManager(num_blocks, block_size, enable_prefix_caching, hash_algo)

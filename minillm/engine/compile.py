@@ -35,7 +35,6 @@ from typing import Any
 import torch
 
 from minillm import envs
-from minillm.engine.huge_pages import collapse_into_huge_pages, huge_pages_enabled
 
 
 def shape_class(value: Any) -> Hashable:
@@ -81,59 +80,7 @@ def wrapper_options(cpu: bool) -> dict[str, Any]:
     MINILLM_COMPILE_WRAPPER=python keeps the Python wrapper."""
     if not cpu or not envs.compile_cpp_wrapper():
         return {}
-    return {"cpp_wrapper": True, "size_asserts": False, "alignment_asserts": False,
-            "aot_inductor.custom_ops_to_c_shims": direct_calls()}
-
-
-def direct_calls() -> dict:
-    """The custom ops a C++ wrapper calls as plain C functions: {op: [its C declaration]}.
-
-    Otherwise the wrapper calls each of our ops through `aoti_torch_call_dispatcher`: the op found by
-    its name, the arguments boxed into a stack and unboxed again, every call -- ~150 calls in a batch-1
-    step of the default model (120 few-row products, 30 attentions). Given a declaration, inductor
-    writes a direct call to `aoti_torch_cpu_<op name>`, which the kernel library exports
-    (kernels/cpu/skinny_f32.cpp, paged_attention.cpp) and makes visible to the graph's library when it
-    loads (gguf_cpu.share_symbols). An op is listed only where its kernel loaded and the name resolves
-    in this process: a graph that named a missing function would fail to load.
-    MINILLM_COMPILE_DIRECT_CALLS=0 keeps the dispatcher."""
-    if not envs.compile_direct_calls():
-        return {}
-    import ctypes
-
-    from minillm.kernels import paged_attention_cpu, skinny_cpu
-
-    try:
-        process = ctypes.CDLL(None)  # the symbols visible to every library (RTLD_GLOBAL)
-    except (OSError, TypeError):  # no such handle on this platform (Windows): the dispatcher it is
-        return {}
-    calls = {}
-    for namespace, kernel in (("minillm_skinny", skinny_cpu), ("minillm_attn", paged_attention_cpu)):
-        op, declaration = kernel.C_FUNCTION
-        function = declaration.split("(")[0].split()[-1]
-        if kernel.available() and hasattr(process, function):
-            calls[OpKey(getattr(getattr(torch.ops, namespace), op).default)] = [declaration]
-    return calls
-
-
-class OpKey:
-    """A custom op as a key of `custom_ops_to_c_shims` that inductor's graph cache can pickle.
-
-    Inductor looks the op up in that dict (`op in shims`, which this key answers like the op itself)
-    and pickles its whole config into each graph's cache key; an OpOverload does not pickle, so every
-    graph compiled with the plain dict bypassed the on-disk cache (measured: a tiny model's second run
-    in a new process compiled again, 5.3 s, against 2.9 s from the cache). Pickled by the op's name."""
-
-    def __init__(self, op) -> None:
-        self.op = op
-
-    def __hash__(self) -> int:
-        return hash(self.op)
-
-    def __eq__(self, other: object) -> bool:
-        return other is self.op or (isinstance(other, OpKey) and other.op is self.op)
-
-    def __reduce__(self):
-        return (str, (self.op.name(),))
+    return {"cpp_wrapper": True, "size_asserts": False, "alignment_asserts": False}
 
 
 def private_code(fn: Callable) -> Callable:
@@ -155,7 +102,8 @@ def private_code(fn: Callable) -> Callable:
 
 
 def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapper: bool = False,
-                   huge_pages: bool = False) -> Callable:
+                   on_new_constants: Callable[[list[torch.Tensor]], Any] | None = None,
+                   options: dict[str, Any] | None = None) -> Callable:
     """torch.compile with inductor freezing: weights become constants, so inductor can
     pre-pack them for oneDNN (the fast matrix-vector path on CPU), and max_autotune
     picks among the candidates. Freezing is read when a graph is compiled -- lazily,
@@ -165,10 +113,9 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
     skip_seen_guards (default: on unless MINILLM_COMPILE_GUARDS=always): guards run in
     full only on the first call of each `shape_class` of the arguments (module docstring).
     cpu_wrapper: the graph runs on the CPU, so its wrapper is C++ (`wrapper_options`).
-    huge_pages: each new graph's frozen weights (inductor packs its own copies; the generated module's
-    globals) are collapsed into 2 MB pages in place (engine/huge_pages.py), unless MINILLM_HUGE_PAGES=0
-    when this is called."""
-    huge_pages = huge_pages and huge_pages_enabled()
+    on_new_constants: called with each new graph's frozen weights (inductor packs its own copies; the
+    generated module's globals), e.g. a fast path's move to 2 MB pages; its results are kept in
+    `call.constants_reports`. options: more inductor options (a fast path's, FastPath.compile_options)."""
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
     import torch.fx.experimental._config as shape_config
@@ -180,10 +127,12 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
     seen: set[Hashable] = set()
     modules: list = []  # the generated code modules of this function's graphs (`release_graphs`)
     state = {"skip": skip_seen_guards, "calls": 0}
-    reports: list = []  # not call.huge_pages inside call: a closure over itself would outlive `del call`
+    reports: list = []  # not call.constants_reports inside call: a closure over itself would outlive `del call`
     # max_autotune still picks each GEMM's kernel, but prints no AUTOTUNE table or choice stats per GEMM
     quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
     inductor_options = dict(freezing=True, max_autotune=True, **quiet, **wrapper_options(cpu_wrapper))
+    if inductor_options.get("cpp_wrapper"):
+        inductor_options.update(options or {})
 
     def call(*args, **kwargs):
         key = shape_class((args, kwargs)) if state["skip"] else None
@@ -206,9 +155,9 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
             out = compiled(*args, **kwargs)
             new = code_modules()[loaded:]
             modules.extend(new)
-            if huge_pages and new:  # the frozen graph's own packed weights: 2 MB pages, in place
-                reports.append(collapse_into_huge_pages(
-                    v for m in new for v in vars(m).values() if isinstance(v, torch.Tensor)))
+            if on_new_constants is not None and new:  # the frozen graph's own packed weights
+                reports.append(on_new_constants(
+                    [v for m in new for v in vars(m).values() if isinstance(v, torch.Tensor)]))
             if key in seen and graphs_compiled() > before:  # an audit call needed a new graph
                 stop_skipping()
             elif key is not None and state["skip"]:
@@ -222,7 +171,7 @@ def frozen_compile(fn: Callable, skip_seen_guards: bool | None = None, cpu_wrapp
                       "seen; its guards now run on every step", RuntimeWarning, stacklevel=3)
 
     call.shape_classes_seen = seen  # type: ignore[attr-defined]
-    call.huge_pages = reports  # type: ignore[attr-defined]  # one HugePageReport per graph compiled (huge_pages=True)
+    call.constants_reports = reports  # type: ignore[attr-defined]  # one per graph compiled (on_new_constants)
     if target is not fn:
         release = weakref.finalize(call, release_graphs, getattr(target, "__func__", target).__code__, modules)
         release.atexit = False  # at exit the process's memory goes anyway

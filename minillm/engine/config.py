@@ -9,19 +9,23 @@ the executors and the worker processes all read the same object.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from minillm import envs
 from minillm.engine.block_manager import HASH_ALGOS as PREFIX_HASH_ALGOS, PREFIX_CACHES
-from minillm.engine.contiguous_block_manager import KV_ALLOCATORS
 from minillm.engine.policy import SCHEDULING_POLICIES
-from minillm.spec_decode.speculative_config import SpeculativeConfig, parse_speculative
+
+if TYPE_CHECKING:
+    from minillm.spec_decode.speculative_config import SpeculativeConfig
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
+KV_ALLOCATORS = ("paged", "contiguous", "contiguous-request")  # engine/contiguous_block_manager.py: the last two
 ATTENTION_BACKENDS = ("torch", "triton", "tiled")  # tiled: the online softmax in PyTorch, for reading (exercise 04)
+FAST_PATH_MODES = ("auto", "off", "require")  # EngineConfig.fast_path: how a fast path (engine/fast_path.py) is used
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -67,13 +71,18 @@ class EngineConfig:
     short_lane_share: float = 0.25  # length-aware: share of max_num_seqs the long lane may never take
     long_lane_max_wait_steps: int = 64  # length-aware: steps at its lane's head before a long request goes first
     # --- execution ------------------------------------------------------------------------
+    # an optional fast path plugged in through engine/fast_path.py (the CPU one: minillm/cpu/):
+    # "auto": wherever one applies; "off": the plain PyTorch code alone (nothing compiled or loaded);
+    # "require": a clear error where none can run, naming why
+    fast_path: str = field(default_factory=envs.fast_path)  # "auto" unless MINILLM_FAST_PATH says otherwise
     # "auto": "triton" on CUDA (the kernels in kernels/), "torch" elsewhere (and with compile=True);
-    # "torch" is the reference and the CPU fast path
+    # "torch" is the reference (on a CPU the fast path subclasses it)
     attention_backend: str = "auto"
     compile: bool = False  # decode steps through torch.compile (inductor freezing)
     cuda_graphs: bool | None = None  # decode steps replayed from CUDA graphs per batch bucket; None: on for CUDA
-    # CPU float32 Llama-family decode steps of up to 16 rows as one C++ call (engine/cpu_decode_step.py);
-    # None: wherever it applies, True: required (an error says why it cannot run), False: op by op
+    # the CPU fast path's float32 Llama-family decode steps of up to 16 rows as one C++ call
+    # (minillm/cpu/decode_step.py); None: wherever it applies, True: required (an error says why it
+    # cannot run), False: op by op
     cpu_decode_step: bool | None = None
     speculative: SpeculativeConfig | dict[str, Any] | None = None  # e.g. {"method": "ngram", "num_tokens": 4}
     tensor_parallel_size: int = 1
@@ -83,7 +92,10 @@ class EngineConfig:
     worker_threads: int | None = None  # torch threads per worker (default: the cores shared among ranks)
 
     def __post_init__(self) -> None:
-        self.speculative = parse_speculative(self.speculative)
+        if self.speculative is not None:  # speculative decoding's settings, loaded only when asked for
+            from minillm.spec_decode.speculative_config import parse_speculative
+
+            self.speculative = parse_speculative(self.speculative)
         self.validate()
 
     @classmethod
@@ -122,12 +134,14 @@ class EngineConfig:
     def validate(self) -> None:
         """Every check that needs no model. Raises ValueError naming the option."""
         from minillm.attention.kv_quant import resolve_kv_cache_dtype
-        from minillm.quant.apply import check_llm_options
 
         if self.dtype != "auto":
             resolve_dtype(self.dtype)
         resolve_kv_cache_dtype(self.kv_cache_dtype)
-        check_llm_options(self.quantization, self.quantization_group_size, self.quantization_calibration)
+        if (self.quantization, self.quantization_group_size, self.quantization_calibration) != (None, None, "prose"):
+            from minillm.quant.methods import check_llm_options  # the quantization options, loaded only when asked for
+
+            check_llm_options(self.quantization, self.quantization_group_size, self.quantization_calibration)
 
         def positive_int(name: str, optional: bool = False) -> None:
             v = getattr(self, name)
@@ -167,6 +181,10 @@ class EngineConfig:
             raise ValueError(f"cuda_graphs must be True, False or None (on for CUDA), got {self.cuda_graphs!r}")
         if self.cpu_decode_step not in (None, True, False):
             raise ValueError(f"cpu_decode_step must be True, False or None (where it applies), got {self.cpu_decode_step!r}")
+        if self.fast_path not in FAST_PATH_MODES:
+            raise ValueError(f"fast_path must be one of {FAST_PATH_MODES}, got {self.fast_path!r}")
+        if self.cpu_decode_step and self.fast_path == "off":
+            raise ValueError('cpu_decode_step=True is part of the CPU fast path, which fast_path="off" turns off')
         if self.cuda_graphs and self.compile:
             raise ValueError("cuda_graphs=True and compile=True are two ways to speed decode up; choose one")
         if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:

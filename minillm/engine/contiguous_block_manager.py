@@ -26,7 +26,7 @@ from minillm.engine.block_manager import BlockManager
 from minillm.engine.contiguous_allocator import ContiguousAllocator, FragmentationReport
 from minillm.engine.sequence import Sequence
 
-KV_ALLOCATORS = ("paged", "contiguous", "contiguous-request")  # the values of EngineConfig.kv_allocator
+from minillm.engine.config import KV_ALLOCATORS  # noqa: F401  (the values of EngineConfig.kv_allocator)
 
 
 @dataclass

@@ -10,6 +10,8 @@ its weight bytes count every expert, which a step reads once each has a token
 """
 from __future__ import annotations
 
+import sys
+
 from dataclasses import dataclass
 
 from minillm.config import ModelConfig
@@ -27,17 +29,6 @@ class StepCost:
         return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes
 
 
-def weight_bytes(cfg: ModelConfig, bytes_per_weight: float) -> float:
-    """Bytes of weights one step streams: every matmul weight plus the LM head.
-
-    The embedding table is a gather (a few rows), so it only counts when it is
-    also the LM head (tied).
-    """
-    return cfg.num_parameters() * bytes_per_weight - (
-        0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * bytes_per_weight
-    )
-
-
 @dataclass(frozen=True)
 class ModelCosts:
     """What every step of one model costs alike: its layers' matmul FLOPs per token and its weight bytes.
@@ -52,7 +43,7 @@ def model_costs(cfg: ModelConfig, bytes_per_weight: float) -> ModelCosts:
     h, d, layers = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     mlp = sum(cfg.mlp_parameters(i, active=True) for i in range(layers))
-    return ModelCosts(2 * (layers * (h * (q + 2 * kv) + q * h) + mlp), weight_bytes(cfg, bytes_per_weight))
+    return ModelCosts(2 * (layers * (h * (q + 2 * kv) + q * h) + mlp), cfg.weight_bytes(bytes_per_weight))
 
 
 def step_cost(
@@ -77,3 +68,13 @@ def step_cost(
     flops = fixed.linear_flops_per_token * tokens + attn + 2 * h * cfg.vocab_size * num_logits
     kv_write = tokens * 2 * layers * kv * bytes_per_kv_elem
     return StepCost(flops, fixed.weight_bytes, kv_read, kv_write)
+
+
+def bytes_per_weight(model: torch.nn.Module) -> float:
+    """Stored bytes per weight a decode step streams: the element size, or a quantized model's average
+    (quant/footprint.py). A model holds quantized layers only once minillm.quant.linear was imported."""
+    if "minillm.quant.linear" not in sys.modules:
+        return float(model.embed_tokens.weight.element_size())
+    from minillm.quant.footprint import bytes_per_weight as quantized
+
+    return quantized(model)

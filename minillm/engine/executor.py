@@ -14,11 +14,12 @@ parallel executor only returns the logits rows the batch asked for.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from minillm.engine.batch import StepBatch
+from minillm.engine.fast_path import PLAIN, FastPathReport
 from minillm.engine.kv_cache import KVCachePlan
 
 if TYPE_CHECKING:
@@ -29,6 +30,18 @@ if TYPE_CHECKING:
 class Executor(ABC):
     plan: KVCachePlan  # the KV pool every rank holds (same number of blocks everywhere)
     device: torch.device  # where rank 0's tensors live (sampling, proposers)
+    # which path ran the last step (engine/fast_path.py: "plain", "compiled graph", "CUDA graph", or a
+    # fast path's step runner), and which fast path this executor runs: the trace and the bench read them
+    last_path: str = PLAIN
+    fast_path_report: FastPathReport = FastPathReport("off", why_not="this executor runs no fast path")
+    # What the proposers read and set (spec_decode/). An executor that cannot serve them leaves the defaults.
+    last_hidden: torch.Tensor | None = None  # final hidden states of the last step's logit rows
+    keep_all_hidden: bool = False  # EAGLE: also keep every row's final hidden state ...
+    last_all_hidden: torch.Tensor | None = None  # ... here
+    # Medusa: given the logit rows' hidden states, more rows for the same LM-head product (or None);
+    # their logits land in last_extra_logits
+    logit_extras: Callable[[torch.Tensor], torch.Tensor | None] | None = None
+    last_extra_logits: torch.Tensor | None = None
 
     @abstractmethod
     def execute(self, batch: StepBatch) -> torch.Tensor | None:
@@ -56,15 +69,9 @@ class Executor(ABC):
         return None
 
     def release_kv_cache(self) -> None:
-        """Drop this process's references to the KV pool's tensors, and to what was built over them (the
-        CPU decode step), so that a new engine over the same model can allocate its pool first; the executor
-        cannot run a step afterwards. This default covers ModelRunner (its `decode_step` and `pool`); an
-        executor that holds no pool in this process has nothing to drop."""
-        if getattr(self, "decode_step", None) is not None:
-            self.decode_step = None  # it holds the pool's tensors too
-        pool = getattr(self, "pool", None)
-        if pool is not None:
-            pool.release()
+        """Drop this process's references to the KV pool's tensors (and to what was built over them), so
+        that a new engine over the same model can allocate its pool first; the executor cannot run a step
+        afterwards. An executor that holds no pool in this process has nothing to drop."""
 
     def close(self) -> None:
         """Release processes and process groups, if any; safe to call twice."""

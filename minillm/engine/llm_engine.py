@@ -22,9 +22,9 @@ from __future__ import annotations
 import time
 
 from minillm.engine.batch import StepBatch
-from minillm.engine.block_manager import make_block_manager
+from minillm.engine.block_manager import PREFIX_CACHES, BlockManager
 from minillm.engine.config import EngineConfig
-from minillm.engine.contiguous_block_manager import ContiguousBlockManager
+from minillm.engine.cost import bytes_per_weight
 from minillm.engine.executor import Executor
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.outputs import RequestOutput
@@ -33,11 +33,21 @@ from minillm.engine.scheduler import Scheduler
 from minillm.engine.token_choice import choose_tokens
 from minillm.engine.tracer import StepTracer
 from minillm.models.llama import LlamaForCausalLM
-from minillm.quant.footprint import bytes_per_weight
 from minillm.sampling_params import SamplingParams
-from minillm.spec_decode.tree import tree_kv_moves
 
 __all__ = ["LLMEngine", "RequestError"]
+
+
+def make_block_manager(num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                       hash_algo: str = "sha256", prefix_cache: str = "hash") -> BlockManager:
+    """The pool's manager: the hash chain (block_manager.py), or the radix tree (radix_cache.py) on the same pool."""
+    if prefix_cache not in PREFIX_CACHES:
+        raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES}, got {prefix_cache!r}")
+    if prefix_cache == "radix" and enable_prefix_caching:
+        from minillm.engine.radix_cache import RadixBlockManager
+
+        return RadixBlockManager(num_blocks, block_size)
+    return BlockManager(num_blocks, block_size, enable_prefix_caching, hash_algo)
 
 
 class LLMEngine:
@@ -59,7 +69,7 @@ class LLMEngine:
         weight_bytes = bytes_per_weight(model)  # before sharding: the whole model's bytes per weight
         self.executor: Executor
         if config.world_size > 1:  # ranks 1..N-1 are worker processes (minillm/parallel)
-            from minillm.parallel.executor import make_parallel_executor
+            from minillm.parallel.launch import make_parallel_executor
 
             self.executor = make_parallel_executor(model, config)
         else:
@@ -72,6 +82,8 @@ class LLMEngine:
         self.block_manager = make_block_manager(plan.num_blocks, plan.block_size, config.enable_prefix_caching,
                                                 config.prefix_caching_hash_algo, config.prefix_cache)
         if config.kv_allocator != "paged":  # the pre-paging baseline: one contiguous reservation per sequence
+            from minillm.engine.contiguous_block_manager import ContiguousBlockManager
+
             self.block_manager = ContiguousBlockManager(
                 plan.num_blocks, plan.block_size, self.max_model_len,
                 "request" if config.kv_allocator == "contiguous-request" else "max_model_len")
@@ -90,7 +102,7 @@ class LLMEngine:
                                        plan.num_blocks * plan.block_size, self.executor.device)
         self.proposer = None
         if config.speculative is not None:
-            from minillm.spec_decode.proposer import make_proposer
+            from minillm.spec_decode.factory import make_proposer
 
             self.proposer = make_proposer(config.speculative, self.executor, config, tokenizer)
             self.scheduler.num_lookahead_slots = config.speculative.num_lookahead_slots
@@ -147,17 +159,22 @@ class LLMEngine:
         packed = StepBatch.build(batch.chunks)
         logits = self.executor.execute(packed) if batch.chunks else None
         chosen = choose_tokens(batch, packed, logits, self.eos_token_ids)
-        moves = tree_kv_moves(batch, chosen, self.block_manager.block_size) if self.proposer is not None else []
+        moves = []
+        if self.proposer is not None:
+            from minillm.spec_decode.tree import tree_kv_moves
+
+            moves = tree_kv_moves(batch, chosen, self.block_manager.block_size)
         if moves:  # a tree's accepted path: its K/V to the positions it now holds (before trim frees slots)
             self.executor.move_kv(moves)
         update = self.scheduler.update(batch, chosen, t0, time.perf_counter())
         draft = None
         if self.proposer is not None:
-            self.proposer.observe(batch, packed, chosen, getattr(self.executor, "last_hidden", None))
+            self.proposer.observe(batch, packed, chosen, self.executor.last_hidden)
             self.proposer.release(update.finished)  # a separate draft frees their blocks now
             draft = self.proposer.trace_record()
         self.tracer.record(batch, chosen, update, self.scheduler, self.block_manager, t0, time.perf_counter(),
-                           self.executor.take_comm_stats(), draft, self.executor.take_routed_tokens())
+                           self.executor.take_comm_stats(), draft, self.executor.take_routed_tokens(),
+                           path=self.executor.last_path if batch.chunks else "")
         return self._outputs(update.changed)
 
     def _outputs(self, changed) -> list[RequestOutput]:

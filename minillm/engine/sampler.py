@@ -21,16 +21,7 @@ from minillm.sampling_params import SamplingParams
 def greedy_tokens(logits: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
     """The argmax along the last dimension: the first maximum, a NaN counting as the maximum.
 
-    CPU float32 rows go to the few-row library's `greedy` (kernels/cpu/skinny_f32.cpp): each thread
-    scans the half of the row it wrote as the LM head's product. torch's `max(-1)` read the head's fresh
-    logits (49,152) in ~90 us on a 2-vCPU Zen 5, fetching the other core's half; the same call on warm
-    logits ~30 us. Elsewhere `max(-1).indices`, the same rule: torch 2.13's CPU argmax is a slower
-    reduction (2-vCPU Xeon, two threads: 1 row 72 against 31 us, 128 rows 9.1 against 2.6 ms)."""
-    from minillm.kernels import skinny_cpu
-
-    if skinny_cpu.greedy_applies(logits):
-        tokens = skinny_cpu.greedy(logits)
-        return tokens.unsqueeze(-1) if keepdim else tokens
+    `max(-1).indices`, the same rule as argmax: torch 2.13's CPU argmax is a slower reduction."""
     return logits.max(-1, keepdim=keepdim).indices
 
 

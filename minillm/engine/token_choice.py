@@ -15,8 +15,12 @@ import torch
 from minillm.engine.batch import ScheduledBatch, StepBatch
 from minillm.engine.sampler import ban_tokens, logprob_entry, min_tokens_bans, sample
 from minillm.engine.scheduler import ChosenTokens
-from minillm.spec_decode.rejection import verify_tokens, verify_tree
-from minillm.spec_decode.tree import node_depths
+
+
+def tree_depths(parents: list[int]) -> list[int]:
+    from minillm.spec_decode.tree import node_depths  # a tree of drafts (spec_decode/tree.py)
+
+    return node_depths(parents)
 
 
 def _bans(batch: ScheduledBatch, step: StepBatch, eos_token_ids: set[int]) -> list[list[int]] | None:
@@ -26,7 +30,7 @@ def _bans(batch: ScheduledBatch, step: StepBatch, eos_token_ids: set[int]) -> li
     bans: list[list[int]] = [[] for _ in step.logit_rows]
     for c, (first, count) in zip(batch.chunks, step.chunk_logits):
         # row j scores output token num_output_tokens + j (a tree's row 1 + node: + the node's depth)
-        ahead = list(range(count)) if c.draft_parents is None else [0] + node_depths(c.draft_parents)
+        ahead = list(range(count)) if c.draft_parents is None else [0] + tree_depths(c.draft_parents)
         for j in range(count):
             bans[first + j] = min_tokens_bans(c.seq.params, c.seq.num_output_tokens + ahead[j], eos_token_ids)
     return bans
@@ -49,10 +53,12 @@ def choose_tokens(batch: ScheduledBatch, step: StepBatch, logits: torch.Tensor |
         res = sample(plain_logits, [s.params for s in seqs], [s.generator for s in seqs])
         for j, i in enumerate(plain):
             chosen[i] = ChosenTokens([res.token_ids[j]], [res.logprobs[j]])
-    for i, c in enumerate(batch.chunks):
+    drafted = [i for i, c in enumerate(batch.chunks) if step.chunk_logits[i][1] and c.draft_token_ids]
+    if drafted:  # speculative decoding's verifier, loaded with the first drafts it checks
+        from minillm.spec_decode.rejection import verify_tokens, verify_tree
+    for i in drafted:
+        c = batch.chunks[i]
         first, n = step.chunk_logits[i]
-        if not n or not c.draft_token_ids:
-            continue
         rows = logits[first:first + n]  # row j scores the token after draft[:j]
         p = c.seq.params
         path = None

@@ -197,6 +197,9 @@ class StepTrace:
     # order it admits them), then the running ones; scheduling_policy names the policy that keeps them
     queue: tuple[QueueEntry, ...] = ()
     scheduling_policy: str = "fcfs"
+    # the code that ran the step (engine/fast_path.py): "plain", "compiled graph", "CUDA graph", or a
+    # fast path's whole-step runner such as "one-region CPU step"; "" for a step that ran no model
+    path: str = ""
 
     @property
     def num_tokens(self) -> int:

@@ -43,7 +43,7 @@ class StepTracer:
     # ----- one step ------------------------------------------------------------------------
     def record(self, batch: ScheduledBatch, chosen: list[ChosenTokens | None], update: StepUpdate,
                scheduler: Scheduler, bm: BlockManager, start: float, end: float, comm=None,
-               draft: tr.DraftRecord | None = None, routed=None) -> tr.StepTrace:
+               draft: tr.DraftRecord | None = None, routed=None, path: str = "") -> tr.StepTrace:
         for seq in update.finished:
             self.finished(seq)
         scheduled, spec = [], []
@@ -120,6 +120,7 @@ class StepTracer:
             queue=tuple(tr.QueueEntry(s.seq_id, s.request_id, s.priority, lane(s), running)
                         for group, running in ((scheduler.waiting, False), (holders, True)) for s in group),
             scheduling_policy=scheduler.policy.name,
+            path=path,
         )
         self.trace.append(rec)
         self.num_steps += 1

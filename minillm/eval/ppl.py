@@ -52,7 +52,8 @@ class Setting:
 def parse_setting(name: str) -> Setting:
     """'int4+kv-int8' -> Setting(quantization='int4', kv_cache_dtype='int8'); ValueError names what is wrong."""
     from minillm.eval.text import DOMAINS
-    from minillm.quant.apply import CALIBRATION, LLM_METHODS
+    from minillm.quant.apply import CALIBRATION
+    from minillm.quant.methods import LLM_METHODS
 
     quant, kv, head, calib, dtype = None, "auto", False, None, None
     for part in name.split("+"):
@@ -160,7 +161,8 @@ def run_setting(s: Setting, loaded, wins: torch.Tensor, cfg: EvalConfig):
 def setting_model(loaded, s: Setting, group_size: int | None):
     """The loaded model itself when the setting leaves it unchanged, else a private copy in the setting's
     dtype, quantized by its method."""
-    from minillm.quant.apply import GROUPED, quantize_loaded
+    from minillm.quant.apply import quantize_loaded
+    from minillm.quant.methods import GROUPED
 
     if not s.needs_copy(loaded.model):
         return loaded.model

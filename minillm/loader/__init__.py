@@ -15,7 +15,6 @@ import torch
 
 from minillm.loader.base import SUPPORTED_MODEL_TYPES, LoadedModel, ModelLoadError
 from minillm.loader.default import default_model_path
-from minillm.loader import hub as _hub  # cheap: huggingface_hub is imported only to resolve a repo id
 
 __all__ = ["LoadedModel", "ModelLoadError", "SUPPORTED_MODEL_TYPES", "default_model_path", "load_config",
            "load_model", "resolve_model_path"]
@@ -24,10 +23,13 @@ __all__ = ["LoadedModel", "ModelLoadError", "SUPPORTED_MODEL_TYPES", "default_mo
 def resolve_model_path(path: str | Path | None = None) -> Path:
     """Where the model named `path` lives: a folder, a GGUF file, a Hub repo id or a registered name."""
     p = Path(path if path is not None else default_model_path()).expanduser().resolve()
-    if not p.exists() and path is not None and _hub.looks_like_repo_id(str(path)):
-        p = _hub.resolve_hub_model(str(path))  # "org/name": the Hub cache, or a download (minillm/loader/hub.py)
-    from minillm.loader import registry  # short names from `minillm models` (minillm/loader/registry.py)
-    if not p.exists() and registry.is_registered(path):
+    if p.exists() or path is None:
+        return p
+    from minillm.loader import hub, registry
+
+    if hub.looks_like_repo_id(str(path)):
+        p = hub.resolve_hub_model(str(path))  # "org/name": the Hub cache, or a download (minillm/loader/hub.py)
+    if not p.exists() and registry.is_registered(path):  # short names from `minillm models` (loader/registry.py)
         p = registry.resolve_registered(str(path))  # the GGUF assembled from its PyPI chunk wheels, verified
     if not p.exists():
         raise FileNotFoundError(f"no model at {p}")
@@ -55,6 +57,7 @@ def load_model(
     path: str | Path | None = None,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    fast_path: str = "auto",
 ) -> LoadedModel:
     """Load a model for inference: eval mode, weights in dtype on device.
 
@@ -69,5 +72,5 @@ def load_model(
     if p.suffix.lower() == ".gguf":
         from minillm.loader.gguf import load_gguf
 
-        return load_gguf(p, dtype, device)
+        return load_gguf(p, dtype, device, fast_path)  # a big file: the fast path may dequantize it
     raise ModelLoadError(str(p), "expected a Hugging Face model folder or a .gguf file")

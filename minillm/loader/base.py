@@ -7,6 +7,7 @@ checking that nothing is missing and collecting the EOS ids happen here.
 from __future__ import annotations
 
 from contextlib import contextmanager
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
@@ -14,11 +15,8 @@ import torch
 from torch import nn
 
 from minillm.config import ModelConfig
-from minillm.models.gemma3 import Gemma3ForCausalLM
 from minillm.models.layers import MLP_KINDS, rope_inv_freq
 from minillm.models.llama import LlamaForCausalLM
-from minillm.models.moe import Experts
-from minillm.models.moe_models import MOE_MODELS, SparseMoeForCausalLM
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -69,7 +67,10 @@ def _skip_random_init() -> Iterator[None]:
     device instead would also skip it, but computing the RoPE tables there
     imports torch._dynamo, which costs as much.)
     """
-    saved = {cls: cls.reset_parameters for cls in (nn.Linear, nn.Embedding, Experts)}
+    classes = [nn.Linear, nn.Embedding]
+    if "minillm.models.moe" in sys.modules:  # a MoE model class was chosen: its experts' init too
+        classes.append(sys.modules["minillm.models.moe"].Experts)
+    saved = {cls: cls.reset_parameters for cls in classes}
     for cls in saved:
         cls.reset_parameters = lambda self: None
     try:
@@ -80,10 +81,17 @@ def _skip_random_init() -> Iterator[None]:
 
 
 def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
-    """Gemma 3's decoder, a MoE family's (each a LlamaForCausalLM with its own layers), or the Llama-family one."""
+    """Gemma 3's decoder, a MoE family's (each a LlamaForCausalLM with its own layers), or the Llama-family one
+    (the other families' modules are imported only for their models)."""
     if cfg.is_moe:
+        from minillm.models.moe_models import MOE_MODELS, SparseMoeForCausalLM
+
         return MOE_MODELS.get(cfg.model_type, SparseMoeForCausalLM)
-    return Gemma3ForCausalLM if cfg.is_gemma3 else LlamaForCausalLM
+    if cfg.is_gemma3:
+        from minillm.models.gemma3 import Gemma3ForCausalLM
+
+        return Gemma3ForCausalLM
+    return LlamaForCausalLM
 
 
 def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device) -> LlamaForCausalLM:

@@ -29,8 +29,8 @@ from gguf import GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize
 from transformers import PreTrainedTokenizerFast
 
-from minillm import envs
 from minillm.config import ModelConfig
+from minillm.engine.fast_path import fast_dequantizer
 from minillm.loader.base import LoadedModel, ModelLoadError, check_runnable, empty_model, eos_union, fill_model
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
@@ -189,28 +189,13 @@ def supported_tensor_types() -> list[str]:
     return list(dict.fromkeys([t.name for t in plain] + sorted(t.name for t in getattr(quants, "_type_traits", {}))))
 
 
-# Block types the C++ kernels (minillm/kernels/cpu/gguf_matmul.cpp) dequantize, bit for bit as
+# Block types the C++ kernels (minillm/cpu/kernels/gguf_matmul.cpp) dequantize, bit for bit as
 # gguf-py does (tests/test_gguf_cpu_kernels.py) and ~20x faster than its numpy (a 1.5B Q4_K_M file:
 # 35 s -> under 2 s on 2 cores). Other types, and machines where the kernels do not build, use gguf-py.
 FAST_DEQUANT_TYPES = {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
                       GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K}
 
 
-# Below this many block bytes gguf-py takes ~1 s and a first kernel build (~20 s, once per machine)
-# is not worth it: the default 135M model loads without compiling anything.
-FAST_DEQUANT_MIN_BYTES = 256 << 20
-
-
-def _fast_dequantizer(block_bytes: int):
-    """torch.ops.minillm_gguf.dequantize when the kernels are loaded, or build here for a big file; else None."""
-    if envs.gguf_int4():  # the portable route end to end
-        return None
-    from minillm.kernels import gguf_cpu
-
-    if not gguf_cpu.loaded_isa() and block_bytes < FAST_DEQUANT_MIN_BYTES:
-        return None
-    ok, _ = gguf_cpu.available()
-    return torch.ops.minillm_gguf.dequantize if ok else None
 
 
 def dequantize_tensor(t, fast=None) -> np.ndarray | torch.Tensor:
@@ -224,10 +209,13 @@ def dequantize_tensor(t, fast=None) -> np.ndarray | torch.Tensor:
     return dequantize(t.data, t.tensor_type)
 
 
-def stream_tensors(reader: gguf.GGUFReader, cfg: ModelConfig, path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Dequantize one tensor at a time to float32 and yield it under its Hugging Face name."""
+def stream_tensors(reader: gguf.GGUFReader, cfg: ModelConfig, path: str,
+                   fast_path: str = "auto") -> Iterator[tuple[str, torch.Tensor]]:
+    """Dequantize one tensor at a time to float32 and yield it under its Hugging Face name (through a fast
+    path's dequantizer where one is offered for a file this size: engine/fast_path.fast_dequantizer)."""
     permuted = cfg.model_type == "llama"
-    fast = _fast_dequantizer(sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type in FAST_DEQUANT_TYPES))
+    block_bytes = sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type in FAST_DEQUANT_TYPES)
+    fast = fast_dequantizer(fast_path, block_bytes)
     for t in reader.tensors:
         name = hf_name(t.name, cfg.model_type)
         if name is None:
@@ -289,10 +277,10 @@ def open_gguf(path: Path) -> tuple[gguf.GGUFReader, dict[str, Any], ModelConfig]
     return reader, meta, cfg
 
 
-def load_gguf(path: Path, dtype: torch.dtype, device: str | torch.device) -> LoadedModel:
+def load_gguf(path: Path, dtype: torch.dtype, device: str | torch.device, fast_path: str = "auto") -> LoadedModel:
     reader, meta, cfg = open_gguf(path)
     check_runnable(cfg, str(path))
-    model = fill_model(empty_model(cfg, dtype, device), stream_tensors(reader, cfg, str(path)), str(path))
+    model = fill_model(empty_model(cfg, dtype, device), stream_tensors(reader, cfg, str(path), fast_path), str(path))
     tokenizer = load_tokenizer(path, meta)
     eos = eos_union(cfg.eos_token_id, tokenizer.eos_token_id)
     return LoadedModel(cfg, model, tokenizer, eos, {}, str(path))

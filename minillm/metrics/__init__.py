@@ -1,10 +1,5 @@
-"""Serving metrics: from the step trace (from_trace), for Prometheus (prometheus), and the
-TTFT / TPOT definitions both use (latency).
-
-The names below are imported on first use, so that ``import minillm.metrics.latency``
-(done by the engine's outputs module) stays cheap and pulls in neither the trace
-summaries nor the roofline code.
-"""
+"""Serving metrics: from the step trace (from_trace) and for Prometheus (prometheus); TTFT and TPOT
+are defined once, in minillm/engine/outputs.py. The names below are imported on first use."""
 __all__ = ["RequestTimeline", "TraceSummary", "request_timelines", "summarize"]
 
 

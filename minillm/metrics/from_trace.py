@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from minillm.engine.trace import StepTrace
-from minillm.metrics import latency as _latency
+from minillm.engine import outputs as _latency  # the one definition of TTFT, TPOT, e2e, queue time
 from minillm.roofline.steps import RoofPair, roofline_summary, trace_roofline
 
 
@@ -26,12 +26,12 @@ class RequestTimeline:
 
     @property
     def ttft(self) -> float | None:
-        """Time to first token (see minillm.metrics.latency.ttft)."""
+        """Time to first token (see minillm.engine.outputs.ttft)."""
         return _latency.ttft(self.arrival_time, self.token_times[0] if self.token_times else None)
 
     @property
     def tpot(self) -> float | None:
-        """Time per output token after the first (see minillm.metrics.latency.tpot)."""
+        """Time per output token after the first (see minillm.engine.outputs.tpot)."""
         tt = self.token_times
         return _latency.tpot(tt[0] if tt else None, tt[-1] if tt else None, len(tt))
 

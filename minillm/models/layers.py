@@ -37,8 +37,6 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if not self.unit_offset and fused.use_fused(x):  # CUDA: the Triton kernel (models/fused.py)
             return fused.rms_norm(x, self.weight, self.eps, residual)
-        if not self.unit_offset and fused.use_fused_cpu(x):  # float32 CPU: one C++ pass (kernels/fused_cpu.py)
-            return fused.rms_norm_cpu(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         residual = residual + x  # residual first: the sum takes its row-major layout when x is a
@@ -107,8 +105,6 @@ class RotaryEmbedding(nn.Module):
         """x: [tokens, heads, head_dim]; rotates each (x1, x2) half-pair by the token's angle."""
         if fused.use_fused(x):  # CUDA: the Triton kernel, fp32 math and one rounding (models/fused.py)
             return fused.rope(x, cos, sin)
-        if x.dim() == 3 and fused.use_fused_cpu(x):  # float32 CPU [tokens, heads, D]: one C++ pass
-            return fused.rope_cpu(x, cos, sin)
         # in x's dtype, as transformers does (for bf16: the same roundings, half the bytes of an fp32 detour)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
@@ -127,7 +123,7 @@ class SwiGLU(nn.Module):
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         # their readers are elementwise (the activation, the residual add): a SkinnyLinear may return
-        # a column-major view rather than copy (models/skinny_linear.py); other classes ignore this
+        # a column-major view rather than copy (minillm/cpu/skinny_linear.py); other classes ignore this
         self.gate_up_proj.column_major_out = self.down_proj.column_major_out = True
         self.down_proj.read_by_residual_add = True
 
@@ -135,12 +131,13 @@ class SwiGLU(nn.Module):
     def act(gate: torch.Tensor) -> torch.Tensor:
         return F.silu(gate)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if type(self).act is SwiGLU.act and gate_up.dim() == 2 and fused.use_fused_cpu(gate_up):
-            return self.down_proj(fused.silu_mul_cpu(gate_up))  # float32 CPU: one C++ pass
+    def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up, from the two halves of one product."""
         gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return self.act(gate) * up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.gated(self.gate_up_proj(x)))
 
 
 class GeGLU(SwiGLU):

@@ -34,7 +34,7 @@ class Attention(nn.Module):
         self.sliding_window = cfg.layer_window(layer_idx)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
-        self.o_proj.column_major_out = True  # read only by the residual add (models/skinny_linear.py)
+        self.o_proj.column_major_out = True  # read only by the residual add (minillm/cpu/skinny_linear.py)
         self.o_proj.read_by_residual_add = True
         unit = cfg.is_gemma3
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, unit) if cfg.qk_norm else None
@@ -47,6 +47,9 @@ class Attention(nn.Module):
         self.v_scale: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
 
+    # RoPE on q and k heads side by side (a fast path's subclass may replace it: minillm/cpu/layers.py)
+    rotate = staticmethod(RotaryEmbedding.apply)
+
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
@@ -56,7 +59,7 @@ class Attention(nn.Module):
         v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), dim=1)
-        qk = RotaryEmbedding.apply(qk, *rope)  # cos/sin come from the model's one table (lookup, once a step)
+        qk = self.rotate(qk, *rope)  # cos/sin come from the model's one table (lookup, once a step)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         assert self.backend is not None, "the KV pool must be bound first (KVCachePool.bind)"
         o = self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale, self.k_scale, self.v_scale,
@@ -119,23 +122,6 @@ class LlamaForCausalLM(nn.Module):
     @staticmethod
     def make_embedding(cfg: ModelConfig) -> nn.Embedding:
         return nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-
-    @torch.no_grad()
-    def use_k_major_weights(self) -> None:
-        """Store the body's matmul weights transposed in memory (still seen as [out, in]).
-
-        At batch 1 each linear is a matrix-vector product that streams the weight
-        once; inductor's code reads a K-major weight faster than the row-major one
-        nn.Linear uses, while batched matmuls run the same: a compiled float32 CPU
-        engine's layout where MKL multiplies prefill (engine/model_runner.compiled_body_layout). Values,
-        shapes and names are unchanged. The embedding and the LM head keep their
-        layout: a lookup reads whole rows, and the head runs outside the compiled
-        step, where the few-row kernel reads a row-major weight fastest
-        (models/skinny_linear.py; SmolLM2's head at 1 row: 5.1 ms K-major, ~3 ms).
-        """
-        for module in self.layers.modules():
-            if isinstance(module, nn.Linear) and module.weight.is_contiguous():
-                module.weight = nn.Parameter(module.weight.t().contiguous().t(), requires_grad=False)
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn for layer in self.layers]

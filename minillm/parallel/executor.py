@@ -1,6 +1,6 @@
 """Rank 0's side of a model split over processes: the Executor the engine calls when world_size > 1.
 
-    executor = make_parallel_executor(model, config)   # model: rank 0's loaded full model, sharded in place
+    executor = make_parallel_executor(model, config)   # launch.py; model: rank 0's loaded full model, sharded in place
     logits = executor.execute(step_batch)               # broadcast, forward on every rank; rank 0's logits
     executor.take_comm_stats(); executor.close()
 
@@ -413,24 +413,6 @@ class PipelineParallelExecutor(MultiprocExecutor):
 
     def _forward(self, batch: StepBatch) -> torch.Tensor | None:
         return forward_pipeline(self.runner, batch)
-
-
-def make_parallel_executor(model, config: EngineConfig) -> MultiprocExecutor:
-    """The executor for config's tensor_parallel_size or pipeline_parallel_size (> 1; they do not combine).
-
-    Under torchrun (WORLD_SIZE > 1) the workers are the ranks torchrun started (torchrun_executor.py);
-    otherwise this process starts them."""
-    from minillm.parallel.torchrun import torchrun_env
-
-    if torchrun_env() is not None:
-        from minillm.parallel.torchrun_executor import make_torchrun_executor
-
-        return make_torchrun_executor(model, config)
-    if config.pipeline_parallel_size > 1:
-        return PipelineParallelExecutor(model, config)
-    if config.tensor_parallel_size > 1:
-        return TensorParallelExecutor(model, config)
-    raise ValueError("make_parallel_executor needs tensor_parallel_size or pipeline_parallel_size > 1")
 
 
 def _reap(workers) -> None:

@@ -20,12 +20,11 @@ Under torchrun with WORLD_SIZE=1 nothing changes: the engine starts local worker
 """
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Mapping, NoReturn
+from typing import Mapping, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -132,34 +131,6 @@ def run_worker_rank(env: TorchrunEnv) -> int:
         return 1
     finally:
         destroy_group()
-
-
-def run_command(env: TorchrunEnv | None, command: Callable[[], int], tensor_parallel_size: int,
-                pipeline_parallel_size: int) -> int:
-    """Run a CLI command that builds an LLM: as before without torchrun. Under torchrun: on rank 0 with
-    a one-line error when the group breaks, on any other rank the worker loop; then the process ends
-    here (exit_rank)."""
-    if env is None:
-        return command()
-    try:
-        check_world_size(env, tensor_parallel_size, pipeline_parallel_size)
-    except ValueError as e:
-        say(env, str(e))
-        exit_rank(2)
-    if env.rank != 0:
-        exit_rank(run_worker_rank(env))
-    from minillm.parallel.executor import TensorParallelError
-    from minillm.parallel.torchrun_executor import shutdown_workers
-
-    dump_stacks_on_sigusr1()  # `kill -USR1 <pid>` shows where a stuck rank 0 waits, as on the workers
-    try:
-        code = command()
-    except TensorParallelError as e:
-        say(env, f"error: {e}")
-        code = 1
-    gc.collect()  # an LLM the command left in a reference cycle: its executor's finalizer runs now
-    shutdown_workers()  # (nothing to do if the engine was closed or collected)
-    exit_rank(code)
 
 
 def exit_rank(code: int) -> NoReturn:

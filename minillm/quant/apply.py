@@ -15,44 +15,15 @@ from minillm import envs
 from minillm.models.llama import LlamaForCausalLM
 from minillm.quant.awq import search_scale
 from minillm.quant.gptq import CALIB_LEN as GPTQ_CALIB_LEN, CALIB_WINDOWS as GPTQ_CALIB_WINDOWS
-from minillm.quant.int4 import SUPPORTED_GROUP_SIZES, check_group_size
+from minillm.quant.int4 import check_group_size
 from minillm.quant.linear import QuantLinear
+from minillm.quant.methods import GROUPED, check_llm_options, check_method
+from minillm.quant.targets import divide_norm, replace_module, target_linears
 
-METHODS = ("int8", "int4", "int4-awq", "gptq", "w8a8", "fp8")
-GROUPED = ("int4", "int4-awq", "gptq")  # the int4-group methods: quantization_group_size applies
 DEFAULT_GROUP_SIZE = 32
-LLM_METHODS = METHODS + ("gguf",)  # "gguf": keep the file's Q4_0/Q4_1/Q4_K codes (minillm.quant.gguf)
-TARGETS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 # methods that calibrate: (windows, tokens per window) of the "calib" split of pydoc_data.topics
 # (w8a8: SmoothQuant's per-channel activation maxima)
 CALIBRATION = {"int4-awq": (4, 64), "gptq": (GPTQ_CALIB_WINDOWS, GPTQ_CALIB_LEN), "w8a8": (16, 128)}
-
-
-def check_method(method: str) -> None:
-    if method not in METHODS:
-        raise ValueError(f"unsupported quantization {method!r}; choose one of {METHODS} (or None)")
-
-
-def check_llm_options(method: str | None, group_size: int | None, calibration: str = "prose") -> None:
-    """LLM(quantization=..., quantization_group_size=..., quantization_calibration=...) checks that need
-    no model (run before the load)."""
-    from minillm.eval.text import DOMAINS
-    from minillm.quant.int4 import SUPPORTED_GROUP_SIZES
-
-    if calibration not in DOMAINS:
-        raise ValueError(f"quantization_calibration must be one of {DOMAINS}, got {calibration!r}")
-    if method is None:
-        if group_size is not None:
-            raise ValueError("quantization_group_size given without quantization")
-        return
-    if method not in LLM_METHODS:
-        raise ValueError(f"unsupported quantization {method!r}; choose one of {LLM_METHODS} (or None)")
-    if group_size is not None and method not in GROUPED:
-        raise ValueError(f"quantization_group_size applies to {', '.join(GROUPED)} only, not {method!r}")
-    if group_size is not None and group_size not in SUPPORTED_GROUP_SIZES:
-        raise ValueError(f"int4 group size must be one of {SUPPORTED_GROUP_SIZES}, got {group_size}")
-
-
 CPU_ROUTED = ("int8", "int4", "awq", "gptq")  # QuantLinear methods: bf16 kernels or GGUF blocks by CPU (cpu_route.py)
 
 
@@ -117,7 +88,7 @@ def keep_gguf(model: LlamaForCausalLM, path) -> dict[str, str]:
     rest stays float; report["kernels"] says which and why. MINILLM_GGUF_KERNELS=int4
     chooses the int4 mapping on CPU too.
     """
-    from minillm.kernels.gguf_cpu import available
+    from minillm.cpu.kernels.gguf_cpu import available
     from minillm.quant.gguf import keep_gguf_quantized
 
     if envs.gguf_int4():  # compare with, or test, the portable mapping
@@ -135,11 +106,6 @@ def keep_gguf(model: LlamaForCausalLM, path) -> dict[str, str]:
     return report
 
 
-def target_linears(model: LlamaForCausalLM) -> dict[str, nn.Module]:
-    mods = dict(model.named_modules())
-    return {f"layers.{i}.{t}": mods[f"layers.{i}.{t}"] for i in range(len(model.layers)) for t in TARGETS}
-
-
 def resolve_group_size(model: LlamaForCausalLM, group_size: int | None) -> int:
     """None: DEFAULT_GROUP_SIZE (32), checked against every quantized layer's input size.
 
@@ -152,13 +118,6 @@ def resolve_group_size(model: LlamaForCausalLM, group_size: int | None) -> int:
     for name, m in target_linears(model).items():
         check_group_size(m.in_features, group_size, name)
     return group_size
-
-
-def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    """Put `new` where the submodule `name` (dotted, as named_modules gives it) sits in `model`: how each
-    quantizer puts its quantized linear in place of the float one."""
-    parent, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent), attr, new)
 
 
 @torch.no_grad()
@@ -246,14 +205,6 @@ def quantize_model(
                 q.use_cpu_kernels()
             replace_module(model, name, q)
     return model
-
-
-def divide_norm(norm, s: torch.Tensor) -> None:
-    """Fold 1/s into an RMSNorm's scale; a Gemma norm scales by (1 + w), so w becomes (1 + w) / s - 1."""
-    if getattr(norm, "unit_offset", False):
-        norm.weight.copy_(((1.0 + norm.weight.float()) / s - 1.0).to(norm.weight.dtype))
-    else:
-        norm.weight /= s.to(norm.weight.dtype)
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ Two routes for the same codes:
   client cores) they are emulated (shifts), and batch-1 int4 decode of the default model
   ran at 0.30x llama.cpp on a Zen3 (issue 20).
 - "blocks": the codes re-laid as GGUF blocks and multiplied by the integer kernels of
-  kernels/gguf_cpu.py (activations rounded to int8 per 32 values, integer dot products,
+  minillm/cpu/kernels/gguf_cpu.py (activations rounded to int8 per 32 values, integer dot products,
   as llama.cpp does) -- no bf16 anywhere:
 
     int4, groups of 32..256: w = (q - 8) * s + z  ->  Q4_1 blocks of 32: w = q * d + m,
@@ -91,7 +91,7 @@ def quant_cpu_route() -> tuple[str, str]:
 
 
 def _blocks_available() -> tuple[bool, str]:
-    from minillm.kernels.gguf_cpu import available
+    from minillm.cpu.kernels.gguf_cpu import available
 
     return available()
 

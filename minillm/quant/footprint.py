@@ -47,9 +47,7 @@ def bytes_per_weight(model: nn.Module) -> float:
     """Stored bytes per weight that a step streams: the element size, or a quantized model's average."""
     if not any(isinstance(m, PACKED) for m in model.modules()):
         return float(model.embed_tokens.weight.element_size())
-    from minillm.engine.cost import weight_bytes
-
-    return weight_bytes_per_token(model) / weight_bytes(model.config, 1.0)
+    return weight_bytes_per_token(model) / model.config.weight_bytes(1.0)
 
 
 def model_bytes(model: nn.Module) -> int:

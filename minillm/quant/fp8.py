@@ -116,8 +116,8 @@ class FP8Linear(nn.Module):
 
 @torch.no_grad()
 def fp8_quantize_model(model) -> None:
-    """quantization="fp8": every target linear (minillm.quant.apply.TARGETS) becomes an FP8Linear."""
-    from minillm.quant.apply import replace_module, target_linears
+    """quantization="fp8": every target linear (minillm.quant.targets.TARGETS) becomes an FP8Linear."""
+    from minillm.quant.targets import replace_module, target_linears
 
     for name, lin in target_linears(model).items():
         w = lin.weight.detach().float().contiguous()

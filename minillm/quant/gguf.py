@@ -63,6 +63,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
+from minillm.cpu.kernels.gguf_cpu import q4k_scale_min
 from minillm.models.llama import LlamaForCausalLM
 from minillm.quant.int4 import Int4Weight, pack_int4
 from minillm.quant.linear import QuantLinear
@@ -91,21 +92,6 @@ def _q4_01(raw: torch.Tensor, qtype: GGMLQuantizationType) -> tuple[torch.Tensor
         qs, zero = raw[..., 2:], torch.zeros_like(d)
     # a block's 16 bytes hold elements 0..15 in the low nibbles, 16..31 in the high ones
     return torch.cat((qs & 0xF, qs >> 4), dim=-1), d, zero
-
-
-def q4k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 12 packed bytes [..., 12] -> 6-bit sc [..., 8] and m [..., 8] (llama.cpp get_scale_min_k4)."""
-    a, b, c = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
-    sc = torch.cat((a & 0x3F, (c & 0x0F) | ((a >> 2) & 0x30)), dim=-1)
-    mn = torch.cat((b & 0x3F, (c >> 4) | ((b >> 2) & 0x30)), dim=-1)
-    return sc, mn
-
-
-def q4k_pack_scale_min(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
-    """The inverse of q4k_scale_min: 6-bit sc [..., 8] and m [..., 8] -> llama.cpp's 12 packed bytes."""
-    return torch.cat([(sc[..., :4] & 0x3F) | ((sc[..., 4:] >> 4) << 6),
-                      (mn[..., :4] & 0x3F) | ((mn[..., 4:] >> 4) << 6),
-                      (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)], dim=-1)
 
 
 def _q4_k(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -2,7 +2,7 @@
 
 The weight stays as the file stores it -- Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K
 blocks, one byte string per output row -- and the C++ kernels of
-kernels/gguf_cpu.py multiply it by the activation quantized to int8 blocks, as
+minillm/cpu/kernels/gguf_cpu.py multiply it by the activation quantized to int8 blocks, as
 llama.cpp does. A fused layer (qkv_proj, gate_up_proj) may mix types (Qwen2.5's
 Q4_K_M files store some attn_v and ffn_down as Q6_K): it holds one part per
 GGUF tensor, and each part writes its own columns of the output.
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from minillm.kernels import gguf_cpu
+from minillm.cpu.kernels import gguf_cpu
 
 
 @dataclass(frozen=True)

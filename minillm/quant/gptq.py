@@ -186,7 +186,7 @@ MODEL_PERCDAMP = 0.1
 
 def calibration_windows(model, length: int = CALIB_LEN) -> int:
     """Windows of `length` tokens GPTQ calibrates `model` on: CALIB_WINDOWS, or more for wide linears."""
-    from minillm.quant.apply import target_linears
+    from minillm.quant.targets import target_linears
 
     widest = max(lin.in_features for lin in target_linears(model).values())
     return max(CALIB_WINDOWS, -(-TOKENS_PER_INPUT * widest // length))
@@ -202,14 +202,14 @@ def gptq_quantize_model(
     use_cpu_kernels: bool = True,
     windows_per_chunk: int = 8,
 ) -> dict[str, float]:
-    """Quantize every target linear (minillm.quant.apply.TARGETS) in place with GPTQ; returns {name: loss}.
+    """Quantize every target linear (minillm.quant.targets.TARGETS) in place with GPTQ; returns {name: loss}.
 
     Sequential, as the reference: layer i is calibrated on the outputs of the already
     quantized layers 0..i-1, and inside a layer each linear on the outputs of the ones
     before it ("true sequential": qkv, then o_proj, then gate_up, then down_proj).
     calibration: token windows [n, len].
     """
-    from minillm.quant.apply import TARGETS, replace_module
+    from minillm.quant.targets import TARGETS, replace_module
     from minillm.quant.layer_walk import LayerWalker
     from minillm.quant.linear import QuantLinear
 

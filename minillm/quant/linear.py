@@ -21,7 +21,7 @@ Two storage layouts per format:
 - "blocks": on a CPU without bf16 instructions (AVX2-only: Zen 2/3, Intel client
   cores) bf16 is emulated and the "cpu" kernels are slow; the same codes are
   re-laid as GGUF Q4_1 / Q8_0 blocks and multiplied by the integer kernels of
-  kernels/gguf_cpu.py (minillm.quant.cpu_route says which route and why).
+  minillm/cpu/kernels/gguf_cpu.py (minillm.quant.cpu_route says which route and why).
 """
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ class QuantLinear(nn.Module):
         return True
 
     def _use_blocks(self) -> bool:
-        from minillm.kernels import gguf_cpu
+        from minillm.cpu.kernels import gguf_cpu
         from minillm.quant.cpu_route import int4_as_q4_1, int8_as_q8_0
 
         gguf_cpu.load()  # GGUFKernelUnavailable here, not at the first forward

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.quant.apply import TARGETS, divide_norm, replace_module, target_linears
+from minillm.quant.targets import TARGETS, divide_norm, replace_module, target_linears
 
 DEFAULT_ALPHA = 0.5  # calibration of quantization="w8a8": minillm.quant.apply.CALIBRATION
 

@@ -45,7 +45,7 @@ from torch import nn
 
 from minillm import envs
 from minillm.quant.int8 import quantize_int8
-from minillm.roofline.machine import cpu_flags
+from minillm.host import cpu_flags
 
 INT8_GEMM_ENV = envs.MINILLM_INT8_GEMM
 INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx_vnni_int8")  # int8 dot products in hardware

@@ -17,43 +17,7 @@ from typing import Any
 import torch
 
 from minillm import envs
-
-_INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx_vnni_int8", "amx_bf16",
-                      "amx_tile", "amx_int8")
-
-
-def _cpu_model_and_flags() -> tuple[str, list[str]]:
-    model, flags = platform.processor() or platform.machine(), []
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and model in ("", platform.processor(), platform.machine()):
-                    model = value.strip()
-                elif key == "flags" and not flags:
-                    have = set(value.split())
-                    flags = [fl for fl in _INTERESTING_FLAGS if fl in have]
-    except OSError:  # not Linux: keep what platform says
-        pass
-    return model, flags
-
-
-def cpu_flags() -> set[str]:
-    """The CPU features that choose kernels and claims here (bf16, int8 dot products, AMX); empty off Linux."""
-    return set(_cpu_model_and_flags()[1])
-
-
-def meminfo_bytes(field: str) -> int | None:
-    """A /proc/meminfo field ("MemTotal", "MemAvailable") in bytes, or None where there is none."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+from minillm.host import cpu_model_and_flags, meminfo_bytes
 
 
 def _version(dist: str) -> str | None:
@@ -75,7 +39,7 @@ class MachineInfo:
     device_name: str  # the GPU's name, or the CPU model
     versions: dict[str, str | None] = field(default_factory=dict)
     # which CPU kernels run: torch's (ATEN_CPU_CAPABILITY picks AVX2 on an AVX-512 machine) and the
-    # GGUF block kernels' build (kernels/gguf_cpu.py; None until a model with quantization="gguf" loads)
+    # GGUF block kernels' build (minillm/cpu/kernels/gguf_cpu.py; None until a model with quantization="gguf" loads)
     kernels: dict[str, str | None] = field(default_factory=dict)
 
     def cache_key(self) -> str:
@@ -91,7 +55,7 @@ class MachineInfo:
 
 def machine_info(device: str | torch.device = "cpu") -> MachineInfo:
     dev = torch.device(device)
-    cpu_model, flags = _cpu_model_and_flags()
+    cpu_model, flags = cpu_model_and_flags()
     if dev.type == "cuda":
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         dev_name, dev_str = torch.cuda.get_device_name(index), f"cuda:{index}"
@@ -122,10 +86,10 @@ def machine_info(device: str | torch.device = "cpu") -> MachineInfo:
 
 def cpu_kernels() -> dict[str, str | None]:
     """The CPU code paths this process uses, as detected at start-up."""
-    from minillm.engine.cpu_memory import malloc_state
-    from minillm.engine.huge_pages import huge_pages_state
-    from minillm.engine.model_runner import compiled_body_layout
-    from minillm.kernels import gguf_cpu, tiled_cpu
+    from minillm.cpu.memory import malloc_state
+    from minillm.cpu.huge_pages import huge_pages_state
+    from minillm.cpu import compiled_body_layout
+    from minillm.cpu.kernels import gguf_cpu, tiled_cpu
     from minillm.quant.cpu_route import cpu_features
 
     feats = cpu_features()
@@ -137,5 +101,5 @@ def cpu_kernels() -> dict[str, str | None]:
             "cpu_vendor": tiled_cpu.cpu_vendor(),
             "float32_batched_linear_rows": tiled_cpu.row_limits().why,  # where the tiled kernel beats MKL here
             "compiled_float32_body": compiled_body_layout(),
-            "malloc": malloc_state(),  # glibc's thresholds as an engine set them (engine/cpu_memory.py); None: untouched
-            "huge_pages": huge_pages_state()}  # weights in 2 MB pages (engine/huge_pages.py)
+            "malloc": malloc_state(),  # glibc's thresholds as an engine set them (minillm/cpu/memory.py); None: untouched
+            "huge_pages": huge_pages_state()}  # weights in 2 MB pages (minillm/cpu/huge_pages.py)

@@ -128,10 +128,10 @@ def engine_read_probe(src: torch.Tensor) -> Callable[[], object] | None:
     byte once, as batch-1 decode does), or None where that kernel does not run (a GPU, no compiler).
     A roof is the fastest read the machine was seen to do, and torch's sum is no upper bound for the
     engine's own stream: on a 2-vCPU Zen 5 it read 97-105 GB/s from the LM head in runs where a 512 MiB
-    sum read 75-80 (kernels/cpu/skinny_f32.cpp, rows_stream)."""
+    sum read 75-80 (minillm/cpu/kernels/skinny_f32.cpp, rows_stream)."""
     if src.device.type != "cpu" or src.dtype != torch.float32 or src.numel() < 512:
         return None
-    from minillm.kernels import skinny_cpu
+    from minillm.cpu.kernels import skinny_cpu
 
     if not skinny_cpu.available():
         return None
@@ -142,10 +142,10 @@ def engine_read_probe(src: torch.Tensor) -> Callable[[], object] | None:
 
 def probe_buffer(n: int, device: torch.device) -> torch.Tensor:
     """n float32 ones (ones, not empty: every page touched first). On a CPU in 2 MB pages where the
-    machine has them, as the engine keeps its weights (engine/huge_pages.py): the roof a decode step is
+    machine has them, as the engine keeps its weights (minillm/cpu/huge_pages.py): the roof a decode step is
     judged against is then read the same way the step reads."""
     if torch.device(device).type == "cpu":
-        from minillm.engine.huge_pages import huge_page_empty
+        from minillm.cpu.huge_pages import huge_page_empty
 
         raw = huge_page_empty(n * 4)
         if raw is not None:
@@ -188,7 +188,7 @@ def model_gemm_shapes(cfg: Any, rows: int = 512) -> list[tuple[int, int, int, st
     engine computes them: SkinnyLinear's W @ x.T up to its transposed_max_rows() (W [out x in]; 32 on an
     Intel CPU), x @ W.T beyond -- both with a transposed right operand ("nt"). qkv_proj, o_proj,
     gate_up_proj, down_proj."""
-    from minillm.models.skinny_linear import transposed_max_rows
+    from minillm.cpu.skinny_linear import transposed_max_rows
 
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
@@ -203,11 +203,11 @@ def measure_gemm(device: torch.device, dtype: torch.dtype, shape: Sequence, repe
                  kernel: str = "torch") -> list[float]:
     """FLOP/s of each repeat of an (m x k) @ (k x n) product; layout "nt": the (k x n) operand is the
     transpose of a row-major (n x k) matrix, as in x @ W.T. kernel "tiled": the engine's own float32
-    kernel (kernels/tiled_cpu.py) multiplies the same operands, the right one as a row-major (n x k) W."""
+    kernel (minillm/cpu/kernels/tiled_cpu.py) multiplies the same operands, the right one as a row-major (n x k) W."""
     m, k, n, *layout = shape
     a = torch.randn(m, k, device=device).to(dtype)
     if kernel == "tiled":
-        from minillm.kernels import tiled_cpu
+        from minillm.cpu.kernels import tiled_cpu
 
         w = torch.randn(n, k, device=device).to(dtype)
         product = lambda: tiled_cpu.linear(a, w)  # noqa: E731
@@ -226,7 +226,7 @@ def engine_gemm_kernels(device: torch.device, dtype: torch.dtype) -> list[str]:
     at 102% of its "roof"."""
     if device.type != "cpu" or dtype != torch.float32:
         return []
-    from minillm.kernels import tiled_cpu
+    from minillm.cpu.kernels import tiled_cpu
 
     return ["tiled"] if tiled_cpu.available() else []
 

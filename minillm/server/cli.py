@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue-len", type=int, default=1024,
                    help="waiting + running requests beyond which new ones get HTTP 429")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    from minillm.cli import add_parallel_args
+    from minillm.parallel.launch import add_parallel_args
 
     add_parallel_args(p)  # under torchrun, rank 0 serves and the other ranks run its steps
     return p
@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.max_queue_len < 1:
         raise SystemExit("--max-queue-len must be >= 1")
-    from minillm.parallel.torchrun import run_command, torchrun_env
+    from minillm.parallel.launch import run_command
+    from minillm.parallel.torchrun import torchrun_env
 
     return run_command(torchrun_env(), lambda: serve(args), args.tensor_parallel_size, args.pipeline_parallel_size)
 

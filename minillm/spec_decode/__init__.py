@@ -14,7 +14,14 @@ the proposer (proposer.py) puts drafts on the batch, the executor runs them
 with everything else, engine/token_choice.py verifies them (rejection.py) and
 the scheduler's update rolls back the slots of rejected drafts.
 """
-from minillm.spec_decode.rejection import verify_tokens
 from minillm.spec_decode.speculative_config import SpeculativeConfig, parse_speculative
 
 __all__ = ["SpeculativeConfig", "parse_speculative", "verify_tokens"]
+
+
+def __getattr__(name: str):
+    if name == "verify_tokens":  # on first use: the engine imports the verifier where it verifies
+        from minillm.spec_decode.rejection import verify_tokens
+
+        return verify_tokens
+    raise AttributeError(f"module 'minillm.spec_decode' has no attribute {name!r}")

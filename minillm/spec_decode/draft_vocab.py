@@ -131,7 +131,7 @@ def q8_0_ranking_head(head: nn.Module) -> bool:
     row, the cache flushed before each call: 371 -> 140 us. Hydra's tree `0/1/0-0@4096` on the chat
     prompts, one process, three alternated rounds: a proposal 1.08-1.13 -> 0.81-0.88 ms, the same
     1.527 tokens per verify, and x1.23-1.40 -> x1.28-1.50 over plain decode."""
-    from minillm.kernels import gguf_cpu
+    from minillm.cpu.kernels import gguf_cpu
 
     return (envs.ranking_head_q8_0() and isinstance(head, nn.Linear)
             and head.weight.dtype == torch.float32 and head.weight.device.type == "cpu"

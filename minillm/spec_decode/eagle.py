@@ -33,7 +33,7 @@ import torch
 
 from minillm.engine.sampler import greedy_tokens
 from minillm.engine.sequence import Sequence
-from minillm.models.skinny_linear import SkinnyLinear, use_skinny_linears
+from minillm.cpu.skinny_linear import SkinnyLinear, use_skinny_linears
 from minillm.spec_decode.eagle_layer import EagleCache, EagleLayer
 from minillm.spec_decode.proposal import Proposal
 from minillm.spec_decode.proposer import Proposer

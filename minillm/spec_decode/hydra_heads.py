@@ -20,11 +20,13 @@ the only case in which its guess can be accepted.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
 from minillm.models.layers import RMSNorm
-from minillm.spec_decode.medusa_heads import MedusaHeads, deeper_layers, run_layers
+from minillm.spec_decode.medusa_heads import MedusaHeads, deeper_layers, read_module_file, run_layers
 
 
 class HydraBlock(nn.Module):
@@ -63,3 +65,26 @@ class HydraHeads(MedusaHeads):
             z = self.step(i, z, token_embeddings[i])
             out.append(z)
         return torch.stack(out)
+
+
+HEAD_KINDS = {"medusa": MedusaHeads, "hydra": HydraHeads}  # a heads file's "kind" -> the class that reads it
+
+
+def load_heads(path: str | Path, hidden_size: int | None = None) -> MedusaHeads:
+    """Medusa or Hydra heads, as the file's metadata says (files without a kind are Medusa's); the file
+    MedusaHeads.save wrote. Here, where both kinds are known (medusa_heads.py knows only its own)."""
+    p = Path(path)
+    meta, tensors = read_module_file(p, "Medusa heads", "minillm train-medusa")
+    n, h = int(meta.get("num_heads", 0)), int(meta.get("hidden_size", 0))
+    if hidden_size is not None and h != hidden_size:
+        raise ValueError(f"{p}: heads for hidden size {h}, the target's is {hidden_size} (another base model)")
+    kind = meta.get("kind", "medusa")
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"{p}: heads of kind {kind!r}; this minillm knows {sorted(HEAD_KINDS)}")
+    heads = HEAD_KINDS[kind](h, n, int(meta.get("head_layers", 1)))
+    try:
+        heads.load_state_dict(tensors)
+    except RuntimeError as e:
+        raise ValueError(f"{p}: its tensors do not fit {kind} heads ({str(e)[:300]})") from e
+    heads.metadata = dict(meta)
+    return heads.eval()

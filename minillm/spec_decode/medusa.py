@@ -31,14 +31,14 @@ import torch
 
 from minillm.engine.sampler import top_tokens
 from minillm.engine.sequence import Sequence
-from minillm.models.skinny_linear import SkinnyLinear, use_skinny_linears
+from minillm.cpu.skinny_linear import SkinnyLinear, use_skinny_linears
 from minillm.spec_decode.medusa_heads import MedusaHeads
 from minillm.spec_decode.proposal import Proposal
 from minillm.spec_decode.proposer import Proposer
 from minillm.spec_decode.tree import TreeTemplate, chain_parents
 
 # rows a product over the LM head can take for about the cost of one pass over its weights, by device:
-# the CPU few-row kernel's 16-row products cost 2.2 one-row products here (models/skinny_linear.py)
+# the CPU few-row kernel's 16-row products cost 2.2 one-row products here (minillm/cpu/skinny_linear.py)
 ROWS_PER_WEIGHT_READ = {"cpu": 8, "cuda": 64}
 # heads shipped with minillm, by the base model they were trained on (the metadata says how)
 SHIPPED_HEADS = {"medusa": "smollm2-135m-instruct.medusa.safetensors",

@@ -9,7 +9,8 @@ W starts at zero: an untrained head repeats the LM head's guess for t+1, and
 training moves it to t+i+1. The base model stays frozen (Medusa-1).
 
 Stored as safetensors: the weights, and metadata naming the base model (its
-config's shape), the command that trained it and the loss curve.
+config's shape), the command that trained it and the loss curve. A file is read
+back by hydra_heads.load_heads, which knows both kinds of heads.
 """
 from __future__ import annotations
 
@@ -98,25 +99,3 @@ class MedusaHeads(nn.Module):
         meta.update(num_heads=str(self.num_heads), hidden_size=str(self.hidden_size), kind=self.kind,
                     head_layers=str(self.layers))
         save_module(self, path, meta)
-
-    @classmethod
-    def load(cls, path: str | Path, hidden_size: int | None = None) -> "MedusaHeads":
-        """Medusa or Hydra heads, as the file's metadata says (files without a kind are Medusa's)."""
-        p = Path(path)
-        meta, tensors = read_module_file(p, "Medusa heads", "minillm train-medusa")
-        n, h = int(meta.get("num_heads", 0)), int(meta.get("hidden_size", 0))
-        if hidden_size is not None and h != hidden_size:
-            raise ValueError(f"{p}: heads for hidden size {h}, the target's is {hidden_size} (another base model)")
-        from minillm.spec_decode.hydra_heads import HydraHeads
-
-        kinds = {"medusa": MedusaHeads, "hydra": HydraHeads}
-        kind = meta.get("kind", "medusa")
-        if kind not in kinds:
-            raise ValueError(f"{p}: heads of kind {kind!r}; this minillm knows {sorted(kinds)}")
-        heads = kinds[kind](h, n, int(meta.get("head_layers", 1)))
-        try:
-            heads.load_state_dict(tensors)
-        except RuntimeError as e:
-            raise ValueError(f"{p}: its tensors do not fit {kind} heads ({str(e)[:300]})") from e
-        heads.metadata = dict(meta)
-        return heads.eval()

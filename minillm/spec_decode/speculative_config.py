@@ -160,7 +160,7 @@ class SpeculativeConfig:
                     bad("num_layers applies to drafts built from the target (int4, int8, self), "
                         "not to a separate draft model")
                 if self.quantization not in ("auto", None):
-                    from minillm.quant.apply import check_llm_options
+                    from minillm.quant.methods import check_llm_options
 
                     try:
                         check_llm_options(self.quantization, None)

@@ -29,12 +29,14 @@ def tiny_model(seed: int = 0, vocab: int = 97, layers: int = 2, heads: int = 4, 
 
 def make_engine(model: LlamaForCausalLM, num_blocks: int = 256, block_size: int = 4, max_num_seqs: int = 16,
                 max_num_batched_tokens: int = 64, prefix_caching: bool = True, chunked: bool = True,
-                backend: str = "torch") -> LLMEngine:
+                backend: str = "torch", fast_path: str | None = None) -> LLMEngine:
+    """fast_path None: EngineConfig's default (MINILLM_FAST_PATH, else "auto")."""
     return LLMEngine(
         model, None, [],
         EngineConfig(block_size=block_size, num_kv_blocks=num_blocks, enable_prefix_caching=prefix_caching,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                     enable_chunked_prefill=chunked, attention_backend=backend),
+                     enable_chunked_prefill=chunked, attention_backend=backend,
+                     **({} if fast_path is None else {"fast_path": fast_path})),
     )
 
 
@@ -68,11 +70,12 @@ def dense_greedy(model: LlamaForCausalLM, prompt: list[int], n: int) -> list[int
     return out
 
 
-def serve_growing_prompts(model: LlamaForCausalLM, num: int = 7) -> dict[str, list[int]]:
+def serve_growing_prompts(model: LlamaForCausalLM, num: int = 7, fast_path: str | None = None) -> dict[str, list[int]]:
     """Greedy tokens of `num` prompts of 3, 8, 13, ... tokens through a small engine whose 32-token budget
     splits the longer ones into chunks (whole prompts, chunked prefills and decode batches in one run):
     the run the CPU kernels' on/off tests compare."""
-    engine = make_engine(model, num_blocks=60, block_size=4, max_num_seqs=5, max_num_batched_tokens=32)
+    engine = make_engine(model, num_blocks=60, block_size=4, max_num_seqs=5, max_num_batched_tokens=32,
+                         fast_path=fast_path)
     for i in range(num):
         engine.add_request(str(i), [5 + i + j % 7 for j in range(3 + 5 * i)], greedy(8))
     return run_to_completion(engine)

@@ -108,7 +108,7 @@ def run_tasks(cfg: TaskConfig, log: Callable[[str], None] = print) -> tuple[list
 def _run_scheme(row: TaskRow, s, cfg: TaskConfig, items: list) -> None:
     from minillm import LLM, SamplingParams
     from minillm.eval.ppl import DTYPES
-    from minillm.quant.apply import GROUPED
+    from minillm.quant.methods import GROUPED
 
     t0 = time.perf_counter()
     dtype = {"dtype": DTYPES[s.dtype]} if s.dtype else {}

@@ -39,7 +39,7 @@ import torch
 from torch.nn import functional as F
 
 from minillm import envs
-from minillm.kernels import tiled_cpu
+from minillm.cpu.kernels import tiled_cpu
 
 PACK_ROWS = 128  # the row count the packing is asked for (any count then reads it, see the docstring)
 MAX_ROWS = 256  # above, F.linear: x1.05 at 512 rows and level at 2,048 do not pay for a second copy

@@ -1,4 +1,4 @@
-"""Build and load the C++ GGUF block kernels (kernels/cpu/gguf_matmul.cpp) for this CPU.
+"""Build and load the C++ GGUF block kernels (minillm/cpu/kernels/gguf_matmul.cpp) for this CPU.
 
 The kernels multiply a GGUF tensor's own bytes (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K,
 Q6_K) by an activation quantized to int8 blocks of 32, as llama.cpp does; see
@@ -19,19 +19,21 @@ back to a slower path and say so.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import platform
 import shutil
+import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
 from minillm import envs
 
-SOURCE = Path(__file__).with_name("cpu") / "gguf_matmul.cpp"
+SOURCE = Path(__file__).with_name("gguf_matmul.cpp")
 TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # ggml type ids
 BLOCK = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210),  # id -> (weights, bytes)
          1012: (256, 148),  # Q4_Kx8: our 8-row interleaved Q4_K (1184 bytes per 8 rows and super-block)
@@ -84,8 +86,9 @@ STALE_LOCK_S = 600.0  # a build takes 10-60 s here; a lock this old belongs to a
 
 
 def clear_stale_lock(build_dir: Path, max_age_s: float = STALE_LOCK_S) -> bool:
-    """Remove a build lock left by a process killed mid-build: torch's cpp_extension waits on it forever,
-    and every later engine start would hang before its first step. Returns whether one was removed."""
+    """Remove torch's build lock when it is older than max_age_s (its builder is gone): cpp_extension waits
+    on it forever, and every later engine start would hang before its first step. Returns whether one was
+    removed. (`owned_build` removes it at once where its owner is known to be gone.)"""
     import time
     import warnings
 
@@ -101,12 +104,45 @@ def clear_stale_lock(build_dir: Path, max_age_s: float = STALE_LOCK_S) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def owned_build(build_dir: Path) -> Iterator[None]:
+    """Hold this build folder's own lock while building: an flock, which the kernel drops when its process
+    dies (Ctrl-C, a timeout, an out-of-memory kill). Every minillm build takes it before torch's file lock,
+    so torch's lock found while we hold ours was left by a build that died: it is removed, with a warning,
+    and this build goes on instead of waiting forever."""
+    import warnings
+
+    with open(build_dir / "minillm.lock", "w") as f:
+        try:
+            import fcntl
+        except ImportError:  # not a POSIX platform: only the age rule
+            clear_stale_lock(build_dir)
+            yield
+            return
+        fcntl.flock(f, fcntl.LOCK_EX)  # another process building the same kernel: wait for it
+        try:
+            lock = build_dir / "lock"
+            if lock.exists():
+                lock.unlink(missing_ok=True)
+                warnings.warn(f"removed the build lock of a build that was killed: {lock}", stacklevel=4)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def announce(message: str) -> None:
+    """One line on stderr: a first build makes the engine wait 10-60 s, and a user should know why."""
+    print(f"minillm: {message}", file=sys.stderr, flush=True)
+
+
 @functools.cache
 def build_extension(source: Path, prefix: str, label: str, flags: tuple[str, ...]) -> Path:
     """Compile one C++ source that registers torch ops (once per source, flags, CPU and torch; cached on disk);
-    returns the loaded library's path.
+    returns the loaded library's path. A first build says so on stderr, with the time it took.
 
     Shared by the GGUF kernels and the CPU paged attention (kernels/paged_attention_cpu.py)."""
+    import time
+
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what the sources may include
     key = hashlib.sha256(
         source.read_bytes() + headers + " ".join(flags).encode() + _cpu_flags().encode() + torch.__version__.encode()
@@ -114,20 +150,28 @@ def build_extension(source: Path, prefix: str, label: str, flags: tuple[str, ...
     name = f"{prefix}_{label}_{key}"
     build_dir = _cache_root() / "kernels" / name
     build_dir.mkdir(parents=True, exist_ok=True)
-    clear_stale_lock(build_dir)
+    library = build_dir / f"{name}.so"
     from torch.utils import cpp_extension
 
-    try:
-        # ops register themselves in torch.ops.<namespace> when the library loads
-        cpp_extension.load(name=name, sources=[str(source)], extra_cflags=list(flags),
-                           extra_ldflags=["-fopenmp"], build_directory=str(build_dir), is_python_module=False,
-                           verbose=False)
-    except Exception as e:  # a missing compiler or ninja, a build error: report, never crash the engine
-        raise GGUFKernelUnavailable(f"building {source.name} failed ({type(e).__name__}: {str(e)[-400:]})") from e
+    with owned_build(build_dir):
+        fresh = not library.exists()
+        if fresh:
+            announce(f"building the CPU fast path's {source.name} for this CPU ({label}), once per machine; "
+                     f"cached in {build_dir.parent}")
+        start = time.perf_counter()
+        try:
+            # ops register themselves in torch.ops.<namespace> when the library loads
+            cpp_extension.load(name=name, sources=[str(source)], extra_cflags=list(flags),
+                               extra_ldflags=["-fopenmp"], build_directory=str(build_dir), is_python_module=False,
+                               verbose=False)
+        except Exception as e:  # a missing compiler or ninja, a build error: report, never crash the engine
+            raise GGUFKernelUnavailable(f"building {source.name} failed ({type(e).__name__}: {str(e)[-400:]})") from e
+        if fresh:
+            announce(f"built {source.name} in {time.perf_counter() - start:.1f} s")
     for old in build_dir.parent.glob(f"{prefix}_{label}_*"):  # builds of older sources: never loaded again
         if old != build_dir:
             shutil.rmtree(old, ignore_errors=True)
-    return build_dir / f"{name}.so"
+    return library
 
 
 def build_and_load(source: Path, namespace: str, fakes: dict[str, Callable] | None = None,
@@ -233,16 +277,31 @@ def row_bytes(type_id: int, in_features: int) -> int:
     return in_features // per * nbytes
 
 
+# Q4_K's 12 bytes of 6-bit scales and mins per super-block (the byte layout: minillm/quant/gguf.py), unpacked
+# here for the repacked layout below and for the portable int4 mapping (quant/gguf.py)
+def q4k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 12 packed bytes [..., 12] -> 6-bit sc [..., 8] and m [..., 8] (llama.cpp get_scale_min_k4)."""
+    a, b, c = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
+    sc = torch.cat((a & 0x3F, (c & 0x0F) | ((a >> 2) & 0x30)), dim=-1)
+    mn = torch.cat((b & 0x3F, (c >> 4) | ((b >> 2) & 0x30)), dim=-1)
+    return sc, mn
+
+
+def q4k_pack_scale_min(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
+    """The inverse of q4k_scale_min: 6-bit sc [..., 8] and m [..., 8] -> llama.cpp's 12 packed bytes."""
+    return torch.cat([(sc[..., :4] & 0x3F) | ((sc[..., 4:] >> 4) << 6),
+                      (mn[..., :4] & 0x3F) | ((mn[..., 4:] >> 4) << 6),
+                      (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)], dim=-1)
+
+
 def repack_q4k_x8(raw: torch.Tensor) -> torch.Tensor:
-    """Q4_K rows uint8 [N, nb * 144] (N % 8 == 0) -> the Q4_KX8 layout of kernels/cpu/gguf_matmul.cpp, flat.
+    """Q4_K rows uint8 [N, nb * 144] (N % 8 == 0) -> the Q4_KX8 layout of minillm/cpu/kernels/gguf_matmul.cpp, flat.
 
     The same codes and scales, rearranged so one 32-byte load holds 4 code bytes of each of 8 rows
     (the kernel then takes 8 rows' dot products in the lanes of one register, as llama.cpp's
     repacked Q4_K does): per group of 8 rows and super-block, d[8], dmin[8] (fp16), sc[8][8],
     m[8][8] (6-bit values in bytes, sub-block-major), codes [chunk 4][step 8][row 8][4 bytes].
     """
-    from minillm.quant.gguf import q4k_scale_min
-
     n = raw.shape[0]
     if n % 8:
         raise ValueError(f"Q4_Kx8 needs a multiple of 8 rows, got {n}")
@@ -256,8 +315,6 @@ def repack_q4k_x8(raw: torch.Tensor) -> torch.Tensor:
 
 def unpack_q4k_x8(packed: torch.Tensor, rows: int, in_features: int) -> torch.Tensor:
     """The inverse of repack_q4k_x8: the file's Q4_K rows uint8 [rows, nb * 144]."""
-    from minillm.quant.gguf import q4k_pack_scale_min
-
     g, nb = rows // 8, in_features // 256
     x = packed.reshape(g, nb, 1184)
     d, dmin = x[..., 0:16].reshape(g, nb, 8, 2), x[..., 16:32].reshape(g, nb, 8, 2)
@@ -269,7 +326,7 @@ def unpack_q4k_x8(packed: torch.Tensor, rows: int, in_features: int) -> torch.Te
 
 def repack_q4_1_x8(raw: torch.Tensor, type_name: str = "Q4_1") -> torch.Tensor:
     """Q4_1 (or Q4_0) rows uint8 [N, nb * 20 (18)] (N % 8 == 0) -> the Q4_1X8 layout of
-    kernels/cpu/gguf_matmul.cpp, flat: per group of 8 rows and block of 32, d[8], m[8] (fp16), then the
+    minillm/cpu/kernels/gguf_matmul.cpp, flat: per group of 8 rows and block of 32, d[8], m[8] (fp16), then the
     codes as [step 4][row 8][4 bytes], so one 32-byte load holds 4 code bytes of each of 8 rows.
 
     Q4_0's w = d (q - 8) becomes Q4_1's w = d q + m with m = -8 d, exact in fp16 (a power-of-two

@@ -64,7 +64,7 @@ def release_freed_memory() -> bool:
     """Hand the heap's free pages back to the kernel now (glibc's malloc_trim(0)); True if any went back.
 
     keep_freed_memory keeps freed memory for the next step, which suits a step's activations and not a
-    one-off free: a model's weights after engine/huge_pages.py copied them into 2 MB pages stayed
+    one-off free: a model's weights after minillm/cpu/huge_pages.py copied them into 2 MB pages stayed
     resident as heap holes, so a CPU engine held its weights twice (the default model's engine 1,742 ->
     1,323 MB after a trim; a float32 1.5B model ~6 GB more, which ran a CI worker out of memory).
     ModelRunner calls it once its weights are in their final place."""

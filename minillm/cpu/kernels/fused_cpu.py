@@ -1,4 +1,4 @@
-"""Build and load the fused float32 elementwise kernels (kernels/cpu/fused_elementwise.cpp) for this CPU.
+"""Build and load the fused float32 elementwise kernels (minillm/cpu/kernels/fused_elementwise.cpp) for this CPU.
 
 The model's RMSNorm (with the residual add before it), its rotary embedding and its
 SwiGLU activation call these on a float32 CPU tensor in eager mode (models/fused.py decides), one pass each
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from minillm.kernels import gguf_cpu
+from minillm.cpu.kernels import gguf_cpu
 
-SOURCE = Path(__file__).with_name("cpu") / "fused_elementwise.cpp"
+SOURCE = Path(__file__).with_name("fused_elementwise.cpp")
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""Build and load the batched float32 linear (kernels/cpu/tiled_f32.cpp) for this CPU.
+"""Build and load the batched float32 linear (minillm/cpu/kernels/tiled_f32.cpp) for this CPU.
 
 A batched decode step multiplies each weight matrix by tens to a few hundred rows: bound by the FMA
 units, not by reading W. MKL's sgemm reaches ~195 GFLOP/s on such a product when W is in cache,
@@ -17,7 +17,7 @@ model's layer shapes with 30 different weights in turn (so each comes from memor
 
 At 256 rows and more MKL's cache blocking catches up (down: MKL 189, tiled 175), so the engine
 uses the tiled kernel from MIN_ROWS (24: below, the few-row kernel is faster) to MAX_ROWS rows
-(models/skinny_linear.py), and MKL above, except on wide layers (out >= WIDE x in), where it
+(minillm/cpu/skinny_linear.py), and MKL above, except on wide layers (out >= WIDE x in), where it
 stays ahead at any row count (MLP gate/up at 2,048 rows: 200 GFLOP/s against MKL's 180).
 
 On Intel CPUs MKL runs its own tuned AVX-512 sgemm, and the picture turns. Measured on a 2-vCPU
@@ -52,9 +52,9 @@ from pathlib import Path
 import torch
 
 from minillm import envs
-from minillm.kernels import gguf_cpu
+from minillm.cpu.kernels import gguf_cpu
 
-SOURCE = Path(__file__).with_name("cpu") / "tiled_f32.cpp"
+SOURCE = Path(__file__).with_name("tiled_f32.cpp")
 MIN_ROWS, MAX_ROWS = 24, 192  # below: the few-row kernel; above: MKL, except for wide layers (module docstring)
 WIDE = 2  # out / in from which a layer keeps the tiled kernel at any row count (prefill's MLP gate/up)
 

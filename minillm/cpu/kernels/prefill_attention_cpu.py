@@ -1,4 +1,4 @@
-"""Build and load the C++ causal prefill attention (kernels/cpu/prefill_attention.cpp) for this CPU.
+"""Build and load the C++ causal prefill attention (minillm/cpu/kernels/prefill_attention.cpp) for this CPU.
 
 The torch attention backend calls ``causal`` for a float32 prompt chunk that starts at
 position 0 with nothing cached (the fused-causal case of
@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 from minillm import envs
-from minillm.kernels import gguf_cpu
+from minillm.cpu.kernels import gguf_cpu
 
-SOURCE = Path(__file__).with_name("cpu") / "prefill_attention.cpp"
+SOURCE = Path(__file__).with_name("prefill_attention.cpp")
 
 
 @functools.cache

@@ -1,8 +1,8 @@
-"""Build and load the one-region decode step (kernels/cpu/decode_step.cpp) for this CPU.
+"""Build and load the one-region decode step (minillm/cpu/kernels/decode_step.cpp) for this CPU.
 
 A float32 Llama-family decode step of up to 16 rows as one C++ call: the thread team forks once per
 step and meets at a barrier between ops, instead of forking and joining (and returning to Python or
-to a compiled graph's wrapper) for each of the step's ~300 calls. minillm/engine/cpu_decode_step.py
+to a compiled graph's wrapper) for each of the step's ~300 calls. minillm/cpu/decode_step.py
 decides when an engine uses it. Built like the GGUF kernels (same flags, same cache folder;
 ``ATEN_CPU_CAPABILITY`` selects the instruction set). ``MINILLM_DECODE_STEP=ops`` turns it off.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from minillm import envs
-from minillm.kernels import gguf_cpu
+from minillm.cpu.kernels import gguf_cpu
 
-SOURCE = Path(__file__).with_name("cpu") / "decode_step.cpp"
+SOURCE = Path(__file__).with_name("decode_step.cpp")
 MAX_ROWS = 16  # decode_step.cpp MAX_BATCH
 
 

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from minillm import envs
-from minillm.engine.cpu_memory import release_freed_memory
+from minillm.cpu.memory import release_freed_memory
 
 HUGE_PAGES_ENV = envs.MINILLM_HUGE_PAGES
 HUGE_PAGE = 2 << 20

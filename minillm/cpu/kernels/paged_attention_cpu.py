@@ -1,4 +1,4 @@
-"""Build and load the C++ paged decode attention (kernels/cpu/paged_attention.cpp) for this CPU.
+"""Build and load the C++ paged decode attention (minillm/cpu/kernels/paged_attention.cpp) for this CPU.
 
 The torch attention backend calls ``paged_decode`` for decode queries on the CPU
 when the KV cache is float32 or bfloat16: the kernel follows each sequence's block
@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 from minillm import envs
-from minillm.kernels import gguf_cpu
+from minillm.cpu.kernels import gguf_cpu
 
-SOURCE = Path(__file__).with_name("cpu") / "paged_attention.cpp"
+SOURCE = Path(__file__).with_name("paged_attention.cpp")
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -59,7 +59,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     """q [B, H, D] (one query per sequence) -> [B, H, D], reading K/V through block_tables [>= B, blocks].
 
     tail_slots [B, T] (int64, right-aligned, -1 = none): query b's last keys come from these pool slots
-    instead of its block table -- a draft-tree node's root-to-node path (kernels/cpu/paged_attention.cpp)."""
+    instead of its block table -- a draft-tree node's root-to-node path (minillm/cpu/kernels/paged_attention.cpp)."""
     if tail_slots is None:
         return torch.ops.minillm_attn.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window or 0)
     return torch.ops.minillm_attn.paged_decode_paths(q, k_cache, v_cache, block_tables, seq_lens, scale, window or 0,

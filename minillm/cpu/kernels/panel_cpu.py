@@ -1,4 +1,4 @@
-"""Build and load the panel-packed few-row float32 linear (kernels/cpu/panel_f32.cpp) for this CPU.
+"""Build and load the panel-packed few-row float32 linear (minillm/cpu/kernels/panel_f32.cpp) for this CPU.
 
 The few-row kernel (skinny_cpu.py) reads nn.Linear's row-major weights; at 4 rows (a draft tree's
 verify step) each weight row becomes 4 dot products with horizontal sums, and the step costs ~1.2
@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from minillm import envs
-from minillm.kernels import gguf_cpu
+from minillm.cpu.kernels import gguf_cpu
 
-SOURCE = Path(__file__).with_name("cpu") / "panel_f32.cpp"
+SOURCE = Path(__file__).with_name("panel_f32.cpp")
 PANEL = 32  # outputs per panel (panel_f32.cpp PANEL)
 MAX_ROWS = 16  # the kernel's limit (panel_f32.cpp MAX_ROWS)
 

@@ -2,7 +2,7 @@
 
 A speculative engine's verify step multiplies every weight by k + 1 rows (a draft tree's 4-6).
 nn.Linear's row-major weights make that cost ~1.1 one-row reads on the CPU; packed in panels
-([ceil(N/32), K, 32], kernels/cpu/panel_f32.cpp) it costs about one. The default model's 120 body
+([ceil(N/32), K, 32], minillm/cpu/kernels/panel_f32.cpp) it costs about one. The default model's 120 body
 linears, 2-vCPU Zen 5, two threads, row-major -> panels, ms: 1 row 9.40 -> 9.57, 2 rows 9.47 ->
 9.43, 3 rows 9.74 -> 9.56, 4 rows 10.76 -> 9.80, 8 rows 10.81 -> 9.88 (read probe 49 GB/s); 4 / 8
 rows 9.98 -> 9.31 / 10.44 -> 9.46 at 82 GB/s. So 4-8 rows read the panels (SkinnyLinear's
@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from minillm import envs
-from minillm.engine.huge_pages import huge_page_empty, huge_pages_enabled
-from minillm.kernels import panel_cpu
-from minillm.roofline.machine import meminfo_bytes
+from minillm.cpu.huge_pages import huge_page_empty, huge_pages_enabled
+from minillm.cpu.kernels import panel_cpu
+from minillm.host import meminfo_bytes
 
 PANELS_ENV = envs.MINILLM_PANELS  # "0": never; "1": every eager float32 CPU engine; unset: speculative engines
 
@@ -70,7 +70,7 @@ def panels_wanted(model: nn.Module, config) -> str:
 
 
 def body_linears(model: nn.Module) -> list[nn.Module]:
-    from minillm.models.skinny_linear import SkinnyLinear
+    from minillm.cpu.skinny_linear import SkinnyLinear
 
     return [m for m in model.layers.modules() if isinstance(m, SkinnyLinear) and m.weight.dtype == torch.float32]
 

@@ -15,7 +15,7 @@ Between 9 and 15 rows MKL's narrow kernels are slower than its 16-column one
 17.5 ms; the [1536, 576] MLP projection 0.29 / 0.30 / 0.20 ms), so those are
 padded to 16 rows. That is the size of a Medusa tree's verify step.
 
-Up to 32 rows, a hand-written kernel (kernels/cpu/skinny_f32.cpp) streams each
+Up to 32 rows, a hand-written kernel (minillm/cpu/kernels/skinny_f32.cpp) streams each
 weight row once and meets it with the rows of x in registers (8 at a time), so 1
 to 4 rows cost about what reading W costs: the default model's body linears, same
 machine, two threads, 1 / 2 / 4 / 8 rows: 13.0 / 13.5 / 13.5 / 17.2 ms (W @ x.T
@@ -36,7 +36,7 @@ block's transpose copied while it is still in cache: SmolLM2's head at 33 / 64 /
 23 / 30 / 50 / 113 ms, against 30 / 38 / 60 / 142 ms for one product and one copy.
 
 From 24 to 192 rows (and at any row count for a wide layer, out >= 2 x in: the MLP's gate/up in a
-prefill step, the LM head) a register-tiled kernel (kernels/cpu/tiled_f32.cpp, kernels/tiled_cpu.py)
+prefill step, the LM head) a register-tiled kernel (minillm/cpu/kernels/tiled_f32.cpp, minillm/cpu/kernels/tiled_cpu.py)
 runs instead of MKL: it reads W in place and prefetches the next tile, where MKL, whose W streams
 from memory in a decode step, packs it without looking ahead and loses ~15%. It writes either
 layout directly, so neither the transposed view nor the blocks above are needed where it runs;
@@ -44,17 +44,17 @@ they remain the path where it cannot be built (MINILLM_TILED=mkl). Neither kerne
 formula, so a forward that records a graph takes F.linear.
 
 On an Intel CPU MKL runs its own tuned sgemm, and both the tiled kernel's range and the W @ x.T
-path above 32 rows lose to plain F.linear there (kernels/tiled_cpu.py's Xeon table,
+path above 32 rows lose to plain F.linear there (minillm/cpu/kernels/tiled_cpu.py's Xeon table,
 `transposed_max_rows`): such a CPU keeps the tiled kernel for the wide layers' 24-64 rows only
 and from 33 rows on everything else takes MKL's sgemm on a weight it packed once
-(kernels/mkl_packed.py; F.linear where that is off).
+(minillm/cpu/kernels/mkl_packed.py; F.linear where that is off).
 
 Values are the same products (each output a dot product over `in`), only the
 kernel differs (and so the order of the float sums). Used in eager mode, for the
 LM head of a compiled engine (it runs outside the compiled step), and inside a
 compiled decode step of up to 16 rows (GRAPH_MAX_ROWS) where the layers stay row-major (the
 default where the tiled kernel out-runs MKL at prefill's row counts, else K-major
-for inductor's own code; engine/model_runner.compiled_body_layout says why).
+for inductor's own code; minillm/cpu/__init__.compiled_body_layout says why).
 Other dtypes and devices use F.linear.
 """
 from __future__ import annotations
@@ -65,10 +65,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from minillm.kernels import mkl_packed, panel_cpu, skinny_cpu, tiled_cpu
+from minillm.cpu.kernels import mkl_packed, panel_cpu, skinny_cpu, tiled_cpu
 
 MAX_ROWS = 512  # measured faster up to 256 rows on every layer shape of the default model
-PANEL_ROWS = range(4, 9)  # rows that read a layer's panels where it has them (engine/few_row_panels.py: 1-3 measured level)
+PANEL_ROWS = range(4, 9)  # rows that read a layer's panels where it has them (minillm/cpu/panels.py: 1-3 measured level)
 OUT_BLOCK = 4096  # output rows per product of a wide layer (the module docstring's measurement)
 # Most rows a compiled graph gives the few-row kernel; beyond, inductor's GEMM (frozen weights, packed its
 # own way). Decode steps of row-major compiled engines on a 2-vCPU Zen 5, ms against K-major (inductor
@@ -82,7 +82,7 @@ GRAPH_MAX_ROWS = 16
 def transposed_max_rows() -> int:
     """Rows up to which `W @ x.T` runs where neither kernel does: MAX_ROWS, but on an Intel CPU only the
     few-row kernel's 32, since MKL's own sgemm (F.linear) is faster above. Same Xeon as in
-    kernels/tiled_cpu.py, ms: qkv [960, 576] at 48 / 64 rows 0.36 / 0.45 as W @ x.T, 0.31 / 0.33 through
+    minillm/cpu/kernels/tiled_cpu.py, ms: qkv [960, 576] at 48 / 64 rows 0.36 / 0.45 as W @ x.T, 0.31 / 0.33 through
     F.linear; the LM head at 96 rows 31.9 against 24.2."""
     return skinny_cpu.MAX_ROWS if tiled_cpu.mkl_preferred() else MAX_ROWS
 
@@ -107,8 +107,8 @@ class SkinnyLinear(nn.Linear):
     # product to it took 1.1-1.3 ms against 0.08 row-major, and writing row-major costs the kernel about
     # nothing (2-vCPU Zen 5, 2,048 rows, product plus add: o_proj 4.85 -> 3.64 ms, down 11.1 -> 10.6 ms)
     read_by_residual_add: bool = False
-    # the weight again in panels of 32 outputs (kernels/panel_cpu.py), for PANEL_ROWS rows; packed by
-    # engine/few_row_panels.py where an engine's steps multiply a few rows (speculative verify)
+    # the weight again in panels of 32 outputs (minillm/cpu/kernels/panel_cpu.py), for PANEL_ROWS rows; packed by
+    # minillm/cpu/panels.py where an engine's steps multiply a few rows (speculative verify)
     panels: torch.Tensor | None = None
     _panel_key: tuple[int, int] | None = None  # the weight's (address, version) the panels were packed from
 
@@ -168,7 +168,7 @@ class SkinnyLinear(nn.Linear):
         """Inside a compiled decode step: the few-row kernel as a custom op where the graph's row count is
         a constant of at most GRAPH_MAX_ROWS (a decode graph is specialised per batch size), else F.linear
         for inductor to plan (a symbolic count would make the kernel's row limit a guard of the graph). What this wins and loses
-        against K-major weights: engine/model_runner.compiled_body_layout. The tiled kernel stays out:
+        against K-major weights: minillm/cpu/__init__.compiled_body_layout. The tiled kernel stays out:
         at 48 rows its graphs ran 12% slower (2-vCPU Xeon, two engines interleaved in one process)."""
         if isinstance(rows, int) and rows <= GRAPH_MAX_ROWS and skinny_cpu.applies(rows, x2, self.weight):
             return skinny_cpu.linear(x2, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)

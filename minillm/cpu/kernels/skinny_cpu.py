@@ -1,4 +1,4 @@
-"""Build and load the few-row float32 linear (kernels/cpu/skinny_f32.cpp) for this CPU.
+"""Build and load the few-row float32 linear (minillm/cpu/kernels/skinny_f32.cpp) for this CPU.
 
 A decode step multiplies each weight matrix by a few rows: a verify step of k + 1 tokens, a
 small batch. Reading W is the whole cost, so a few rows should cost about what one row costs.
@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from minillm import envs
-from minillm.kernels import gguf_cpu
+from minillm.cpu.kernels import gguf_cpu
 
-SOURCE = Path(__file__).with_name("cpu") / "skinny_f32.cpp"
+SOURCE = Path(__file__).with_name("skinny_f32.cpp")
 MAX_ROWS = 32  # the kernel's limit (skinny_f32.cpp MAX_ROWS)
 
 # the op as a C function (skinny_f32.cpp), for compiled graphs' C++ wrappers (engine/compile.py, direct_calls)

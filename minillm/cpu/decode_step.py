@@ -7,7 +7,7 @@
 At batch 1 a decode step reads every weight once; the products run at the bus's speed, and what is
 left is the cost of the ~300 calls between them: each fork and join of the thread team, each
 return to Python or to a compiled graph's wrapper, and the cores left idle while one thread runs a
-small op. kernels/cpu/decode_step.cpp walks all layers in one parallel region, its threads meeting
+small op. minillm/cpu/kernels/decode_step.cpp walks all layers in one parallel region, its threads meeting
 at a barrier between ops, as llama.cpp's thread pool does (CUDA graphs are the GPU's answer to the
 same per-launch cost: engine/cuda_graphs.py). Its values are the op-by-op step's bit for bit (the
 same inner functions, split the same way), so it replaces that step wherever it applies.
@@ -31,13 +31,15 @@ from torch.utils.hooks import RemovableHandle
 
 from minillm.engine.batch import StepBatch
 from minillm.engine.config import EngineConfig
+from minillm.engine.fast_path import StepRunner
 from minillm.engine.kv_cache import KVCachePool
+from minillm.cpu.layers import CpuSwiGLU
 from minillm.models.layers import SwiGLU
 from minillm.models.llama import LlamaForCausalLM
 
 
 def panels_of(linear: nn.Module, empty: torch.Tensor) -> torch.Tensor:
-    """The layer's panel-packed copy where it has a current one (engine/few_row_panels.py), else `empty`:
+    """The layer's panel-packed copy where it has a current one (minillm/cpu/panels.py), else `empty`:
     the step reads them for 4 to 8 rows, as SkinnyLinear does."""
     current = getattr(linear, "panels_current", None)
     return linear.panels if current is not None and current() else empty
@@ -71,7 +73,7 @@ def why_not(model: nn.Module, config: EngineConfig, quantized_kv: bool, device: 
         return "a quantized KV cache (the step reads float32 K/V)"
     for i, layer in enumerate(model.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        if type(mlp) is not SwiGLU:
+        if type(mlp) not in (SwiGLU, CpuSwiGLU):
             return f"layer {i}'s MLP is {type(mlp).__name__}, not SwiGLU"
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         if not all(_plain_weight(m) for m in linears):
@@ -83,10 +85,10 @@ def why_not(model: nn.Module, config: EngineConfig, quantized_kv: bool, device: 
     rotary = model.rotary
     if not (hasattr(rotary, "cos") and rotary.cos.dim() == 2 and rotary.cos.dtype == torch.float32):
         return "its RoPE has no [positions, head_dim / 2] float32 table"
-    from minillm.kernels import decode_step_cpu
+    from minillm.cpu.kernels import decode_step_cpu
 
     if not decode_step_cpu.available():
-        return "the kernel did not build (kernels/cpu/decode_step.cpp; or MINILLM_DECODE_STEP=ops)"
+        return "the kernel did not build (minillm/cpu/kernels/decode_step.cpp; or MINILLM_DECODE_STEP=ops)"
     return None
 
 
@@ -104,7 +106,8 @@ def first_hooked(modules: list[tuple[str, nn.Module]]) -> str | None:
 
 
 @dataclass
-class CpuDecodeStep:
+class CpuDecodeStep(StepRunner):
+    name = "one-region CPU step"  # what the trace records (StepTrace.path)
     step: torch.ScriptObject  # torch.classes.minillm_step.DecodeStep, holding the weights and the pool
     max_rows: int
     # The step runs C++, not the modules' Python: where a module carries a forward hook (an activation
@@ -120,7 +123,7 @@ class CpuDecodeStep:
     def build(cls, model: LlamaForCausalLM, pool: KVCachePool) -> "CpuDecodeStep":
         """Hand the step every weight and the pool's K/V tensors (it keeps references: a weight replaced
         by another tensor afterwards is not seen; one written in place is)."""
-        from minillm.kernels import decode_step_cpu
+        from minillm.cpu.kernels import decode_step_cpu
 
         cfg = model.config
         empty = torch.empty(0)
@@ -146,7 +149,7 @@ class CpuDecodeStep:
     def fits(self, batch: StepBatch) -> bool:
         """At most max_rows rows, each a query that sees the keys up to its own position: decode rows, and
         chunks over cached keys (a verify step's k + 1 rows, the tail of a prompt after a prefix hit) --
-        the rows the op-by-op step hands its paged-decode kernel as one call (attention/torch_backend.py,
+        the rows the op-by-op step hands its paged-decode kernel as one call (cpu/attention.py,
         kernel_rows). Not a prompt's first chunk, nor a draft tree (its nodes read other slots)."""
         if self.hooked is not None or RemovableHandle.next_id != self._hook_id:  # (a removed hook: no new id)
             self._hook_id = RemovableHandle.next_id
