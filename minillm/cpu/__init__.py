@@ -9,6 +9,7 @@ One plug-in (`CpuFastPath`) through the core's fast-path interface (engine/fast_
                         weights on 2 MB pages (huge_pages.py); panels for verify steps (panels.py)
     attention_backend   the torch backend with paged decode and causal prefill in C++ (attention.py)
     step_runner         a whole float32 decode step in one parallel region (decode_step.py)
+    greedy              each row's argmax by the threads that wrote its logits
     compile_options     a compiled graph calls the C++ kernels as C functions (compiled_calls.py)
     on_compiled_weights a compiled graph's own weight copies on 2 MB pages too
 
@@ -140,6 +141,14 @@ class CpuFastPath(FastPath):
 
         ok, _ = gguf_cpu.available()
         return torch.ops.minillm_gguf.dequantize if ok else None
+
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """Each float32 row's argmax by the threads that wrote it as the LM head's product: torch's max(-1)
+        fetches the other core's half of fresh logits (book/results.md: 128 rows of 49,152, 2.6 against
+        9.1 ms on a 2-vCPU Xeon)."""
+        from minillm.cpu.kernels import skinny_cpu
+
+        return skinny_cpu.greedy(logits) if skinny_cpu.greedy_applies(logits) else None
 
     def compile_options(self) -> dict[str, Any]:
         """A compiled graph's C++ wrapper calls the few-row product and the paged attention as C functions."""

@@ -33,6 +33,7 @@ class Executor(ABC):
     # which path ran the last step (engine/fast_path.py: "plain", "compiled graph", "CUDA graph", or a
     # fast path's step runner), and which fast path this executor runs: the trace and the bench read them
     last_path: str = PLAIN
+    fast_argmax: Callable[[torch.Tensor], torch.Tensor | None] | None = None  # a fast path's greedy (FastPath.greedy)
     fast_path_report: FastPathReport = FastPathReport("off", why_not="this executor runs no fast path")
     # What the proposers read and set (spec_decode/). An executor that cannot serve them leaves the defaults.
     last_hidden: torch.Tensor | None = None  # final hidden states of the last step's logit rows

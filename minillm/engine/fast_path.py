@@ -10,6 +10,7 @@ declares what a fast path may do, at these points, and names no fast path itself
                                       returns its start-up choices (recorded in `report`)
     attention_backend(name)           a replacement for the named backend (a subclass), or None
     step_runner(model, pool, config)  a StepRunner that runs whole steps in one call, or None
+    greedy(logits)                    the argmax of the sampler's rows (the same first maximum)
     compile_options()                 more inductor options for a compiled step (compile=True)
     gguf_dequantizer(block_bytes)     a faster GGUF dequantizer for a file this size (the loader)
     on_compiled_weights(tensors)      the constants of each new compiled graph (compile=True)
@@ -77,6 +78,10 @@ class FastPath(ABC):
 
     def compile_options(self) -> dict[str, Any]:
         return {}
+
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The first maximum of each row (torch's rule), or None where this fast path does not take them."""
+        return None
 
     def gguf_dequantizer(self, block_bytes: int) -> Callable | None:
         """A faster (raw bytes, GGML type, rows, cols) -> float32 tensor for a GGUF file with this many

@@ -158,7 +158,7 @@ class LLMEngine:
             self.proposer.propose(batch)  # drafts travel in the batch
         packed = StepBatch.build(batch.chunks)
         logits = self.executor.execute(packed) if batch.chunks else None
-        chosen = choose_tokens(batch, packed, logits, self.eos_token_ids)
+        chosen = choose_tokens(batch, packed, logits, self.eos_token_ids, self.executor.fast_argmax)
         moves = []
         if self.proposer is not None:
             from minillm.spec_decode.tree import tree_kv_moves

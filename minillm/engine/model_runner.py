@@ -54,6 +54,7 @@ class ModelRunner(Executor):
         self.fast_path, self.fast_path_report = choose_fast_path(model, config, self.device)
         if self.fast_path is not None:
             self.fast_path_report.choices = self.fast_path.prepare(model, config, self.device)
+        self.fast_argmax = self.fast_path.greedy if self.fast_path is not None else None
         backend = config.backend_for(self.device)
         self.backend = (self.fast_path and self.fast_path.attention_backend(backend)) or make_attention_backend(backend)
         graphs = use_cuda_graphs(config, self.device) if graphs is None else graphs

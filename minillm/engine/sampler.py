@@ -12,16 +12,25 @@ request has min_tokens output tokens, EOS and its stop_token_ids get -inf
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from minillm.sampling_params import SamplingParams
 
 
-def greedy_tokens(logits: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+# a fast path's argmax of float rows (FastPath.greedy), the same rule; None where it does not take them
+Argmax = Callable[[torch.Tensor], "torch.Tensor | None"]
+
+
+def greedy_tokens(logits: torch.Tensor, keepdim: bool = False, fast: Argmax | None = None) -> torch.Tensor:
     """The argmax along the last dimension: the first maximum, a NaN counting as the maximum.
 
-    `max(-1).indices`, the same rule as argmax: torch 2.13's CPU argmax is a slower reduction."""
+    `max(-1).indices`, the same rule as argmax: torch 2.13's CPU argmax is a slower reduction.
+    `fast`: an executor's own argmax (Executor.fast_argmax), tried first."""
+    tokens = fast(logits) if fast is not None else None
+    if tokens is not None:
+        return tokens.unsqueeze(-1) if keepdim else tokens
     return logits.max(-1, keepdim=keepdim).indices
 
 
@@ -117,11 +126,12 @@ def ban_tokens(logits: torch.Tensor, banned: list[list[int]]) -> torch.Tensor:
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+    fast_argmax: Argmax | None = None,
 ) -> SampleResult:
     """logits: [B, V] float32. Returns one token per row."""
     b = logits.shape[0]
-    tokens = greedy_tokens(logits)
+    tokens = greedy_tokens(logits, fast=fast_argmax)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         idx = torch.tensor(rows, device=logits.device)
@@ -130,7 +140,7 @@ def sample(
         noise = torch.empty_like(probs)
         for j, i in enumerate(rows):
             noise[j].exponential_(generator=generators[i])
-        tokens[idx] = greedy_tokens(probs / noise)
+        tokens[idx] = greedy_tokens(probs / noise, fast=fast_argmax)
     token_list = tokens.tolist()
     logprobs: list[dict[int, float] | None] = [None] * b
     want = [i for i, p in enumerate(params) if p.logprobs is not None]

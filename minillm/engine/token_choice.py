@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from minillm.engine.batch import ScheduledBatch, StepBatch
-from minillm.engine.sampler import ban_tokens, logprob_entry, min_tokens_bans, sample
+from minillm.engine.sampler import Argmax, ban_tokens, logprob_entry, min_tokens_bans, sample
 from minillm.engine.scheduler import ChosenTokens
 
 
@@ -37,7 +37,7 @@ def _bans(batch: ScheduledBatch, step: StepBatch, eos_token_ids: set[int]) -> li
 
 
 def choose_tokens(batch: ScheduledBatch, step: StepBatch, logits: torch.Tensor | None,
-                  eos_token_ids: set[int]) -> list[ChosenTokens | None]:
+                  eos_token_ids: set[int], fast_argmax: Argmax | None = None) -> list[ChosenTokens | None]:
     """chosen[i]: chunk i's tokens, or None when the chunk did not catch its sequence up."""
     chosen: list[ChosenTokens | None] = [None] * len(batch.chunks)
     if logits is None:
@@ -50,7 +50,7 @@ def choose_tokens(batch: ScheduledBatch, step: StepBatch, logits: torch.Tensor |
         rows = [step.chunk_logits[i][0] for i in plain]
         plain_logits = logits if len(rows) == logits.shape[0] else logits[torch.tensor(rows, device=logits.device)]
         seqs = [batch.chunks[i].seq for i in plain]
-        res = sample(plain_logits, [s.params for s in seqs], [s.generator for s in seqs])
+        res = sample(plain_logits, [s.params for s in seqs], [s.generator for s in seqs], fast_argmax)
         for j, i in enumerate(plain):
             chosen[i] = ChosenTokens([res.token_ids[j]], [res.logprobs[j]])
     drafted = [i for i, c in enumerate(batch.chunks) if step.chunk_logits[i][1] and c.draft_token_ids]
