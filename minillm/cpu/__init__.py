@@ -86,16 +86,15 @@ class CpuFastPath(FastPath):
 
     def prepare(self, model: nn.Module, config, device: torch.device) -> dict[str, Any]:
         from minillm.cpu.huge_pages import move_to_huge_pages
-        from minillm.cpu.kernels import prefill_attention_cpu
+        from minillm.cpu.kernels import fused_cpu, prefill_attention_cpu
         from minillm.cpu.layers import swap_layers
         from minillm.cpu.memory import keep_freed_memory, release_freed_memory
         from minillm.cpu.panels import PanelReport, pack_panels, panels_wanted
         from minillm.cpu.skinny_linear import use_skinny_linears
 
         choices: dict[str, Any] = {"malloc": keep_freed_memory()}  # a step's activations reuse freed pages
-        from minillm.cpu.kernels import fused_cpu
-
-        choices["fused_layers"] = swap_layers(model) if envs.fused_kernels() and fused_cpu.available() else 0
+        # why_not built the elementwise kernels already
+        choices["fused_layers"] = swap_layers(model) if envs.fused_kernels() and fused_cpu.ready() else 0
         prefill_attention_cpu.available()  # built now, so no step waits for it
         if model.embed_tokens.weight.dtype == torch.float32:
             # few-row products through the few-row kernel: faster decode, and verify steps and small

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -95,7 +95,7 @@ class FastPath(ABC):
 
 @dataclass
 class FastPathReport:
-    """Which fast path this engine runs and what it chose at start-up (the trace's header, the bench JSON)."""
+    """Which fast path this engine runs and what it chose at start-up (Executor.fast_path_report; the bench JSON)."""
 
     mode: str
     name: str | None = None  # None: the plain path only
@@ -103,7 +103,7 @@ class FastPathReport:
     choices: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "name": self.name, "why_not": self.why_not, "choices": dict(self.choices)}
+        return asdict(self)
 
 
 def installed_fast_paths() -> list[FastPath]:
