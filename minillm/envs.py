@@ -32,6 +32,7 @@ class EnvVar:
 
 
 # ---------------------------------------------------------------------------------------------- names
+MINILLM_API_KEY = "MINILLM_API_KEY"
 MINILLM_CACHE_DIR = "MINILLM_CACHE_DIR"
 MINILLM_COMPILED_BODY = "MINILLM_COMPILED_BODY"
 MINILLM_COMPILE_DIRECT_CALLS = "MINILLM_COMPILE_DIRECT_CALLS"
@@ -74,6 +75,9 @@ MKL_PACK_MB_DEFAULT = 1024
 
 VARIABLES: tuple[EnvVar, ...] = (
     # ------------------------------------------------------------------------------------ the package
+    EnvVar(MINILLM_API_KEY, "str", "unset", "a secret",
+           "the key `minillm serve` requires as `Authorization: Bearer <key>` on /v1/* (as --api-key; the flag wins)",
+           "server/cli.py"),
     EnvVar(MINILLM_CACHE_DIR, "path", "~/.cache/minillm", "a folder",
            "where assembled models (in its models/ subfolder: ~/.cache/minillm/models by default), built CPU "
            "kernels and measured roofs are kept",
@@ -182,6 +186,11 @@ def get(name: str) -> str | None:
 def turned_off(name: str, off: str) -> bool:
     """Whether a kernel switch is set to its off value (compared case-insensitively): e.g. MINILLM_SKINNY=mkl."""
     return (get(name) or "").lower() == off
+
+
+def api_key() -> str | None:
+    """MINILLM_API_KEY: the server's API key; None where unset or empty."""
+    return get(MINILLM_API_KEY) or None
 
 
 def cache_dir() -> str | None:

@@ -98,14 +98,18 @@ def test_abort_frees_blocks():
 
 def test_a_failed_step_ends_streams_and_health():
     engine = tiny_engine(engine_cls=BrokenEngine)
-    app = create_app(engine, model_name=MODEL_NAME)
+    app = create_app(engine, model_name=MODEL_NAME, warmup=False)  # the fourth step is the request's
     with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
         body = {"model": MODEL_NAME, "prompt": "The cat sat", "max_tokens": 50, "temperature": 0, "stream": True}
         with http.stream("POST", "/v1/completions", json=body) as r:
             events = [line for line in r.iter_lines() if line]
         assert events[-1] == "data: [DONE]"
-        assert '"type":"service_unavailable"' in events[-2] and "kernel exploded" in events[-2]
-        assert http.get("/health").status_code == 503
+        # a 500-type error event that names no internals (the server's log has the traceback)
+        assert '"type":"internal_error"' in events[-2] and '"code":"engine_failed"' in events[-2]
+        assert "kernel exploded" not in events[-2] and "RuntimeError" not in events[-2]
+        health = http.get("/health")
+        assert health.status_code == 503 and health.json()["error"]["code"] == "engine_failed"
+        assert "kernel exploded" not in health.text
         again = http.post("/v1/completions", json={**body, "stream": False})
         assert again.status_code == 503 and again.json()["error"]["code"] == "engine_unavailable"
     assert isinstance(app.state.server.engine.error, RuntimeError)

@@ -16,6 +16,7 @@ from minillm.server.cli import DEFAULT_MODEL_NAME, build_parser, served_name
 def test_arguments():
     a = build_parser().parse_args([])
     assert a.host == "127.0.0.1" and a.model is None and a.max_queue_len == 1024
+    assert a.api_key is None and a.max_n is None and a.shutdown_grace == 30.0 and not a.no_warmup
     assert served_name(a) == DEFAULT_MODEL_NAME
     a = build_parser().parse_args(["--model", "/m/qwen.gguf", "--port", "9", "--dtype", "bfloat16", "--max-num-seqs",
                                    "4", "--max-num-batched-tokens", "64", "--kv-cache-mb", "8", "--max-queue-len", "3"])
@@ -36,7 +37,7 @@ def _free_port() -> int:
 def test_serve_default_model_subprocess():
     port = _free_port()
     cmd = [sys.executable, "-m", "minillm.server.cli", "--port", str(port), "--kv-cache-mb", "32",
-           "--max-num-seqs", "4", "--served-model-name", "smol", "--log-level", "warning"]
+           "--max-num-seqs", "4", "--served-model-name", "smol", "--log-level", "info", "--api-key", "k"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
     url = f"http://127.0.0.1:{port}"
@@ -51,14 +52,18 @@ def test_serve_default_model_subprocess():
                 pass
             assert time.monotonic() < deadline, "server did not come up"
             time.sleep(0.2)
-        assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "smol"
-        r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+        key = {"Authorization": "Bearer k"}
+        assert httpx.get(url + "/v1/models").status_code == 401
+        assert httpx.get(url + "/v1/models", headers=key).json()["data"][0]["id"] == "smol"
+        r = httpx.post(url + "/v1/chat/completions", timeout=60, headers=key, json={
             "model": "smol", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        assert "minillm:warmup_seconds" in httpx.get(url + "/metrics").text
+        proc.terminate()  # SIGTERM: nothing in flight, so a drained exit at once
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out[-3000:]
+        assert "warm-up done in" in out and "KV blocks free" in out, out[-3000:]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             proc.kill()
             proc.wait()

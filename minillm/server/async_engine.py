@@ -35,6 +35,15 @@ class EngineDeadError(RuntimeError):
     """The engine thread stopped (shut down, or a step raised): no request can make progress."""
 
 
+class EngineFailedError(EngineDeadError):
+    """A step raised: the requests in the engine end with this. Its message is for clients and names no
+    internal detail; the exception itself is logged in full and kept in AsyncEngine.error."""
+
+
+class ServerShuttingDown(EngineDeadError):
+    """The server is stopping and this request did not finish within the grace period: it was aborted."""
+
+
 class RequestStream:
     """The outputs of one request, delivered into the asyncio loop that asked for it.
 
@@ -42,9 +51,10 @@ class RequestStream:
     reads slower than the engine steps only the newest output matters.
     """
 
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, sequences: int = 1) -> None:
         self.request_id = request_id
         self.loop = loop
+        self.sequences = sequences  # params.n: what the request holds in the engine's batch
         self.accepted: asyncio.Future[None] = loop.create_future()
         self.finished = False
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
@@ -101,6 +111,11 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _AbortAll:
+    error: BaseException
+
+
 _STOP = object()
 
 
@@ -117,6 +132,8 @@ class AsyncEngine:
         self._closed = False  # set once by the engine thread as it exits
         self._thread: threading.Thread | None = None
         self._seen = len(engine.trace)  # trace records already given to observers
+        self.warming_up = False  # True: steps are the server's warm-up, not traffic: their records are dropped
+        self.on_failure: list[Callable[[BaseException], None]] = []  # called on the engine thread if a step raises
 
     # ----- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -136,19 +153,24 @@ class AsyncEngine:
 
     @property
     def num_unfinished(self) -> int:
-        """Requests accepted (or being added) and not finished yet: the server's queue length."""
+        """Requests accepted (or being added) and not finished yet."""
         with self._lock:
             return len(self._streams)
+
+    @property
+    def num_unfinished_sequences(self) -> int:
+        """Sequences (n per request) accepted or being added and not finished: the server's queue length."""
+        with self._lock:
+            return sum(s.sequences for s in self._streams.values())
 
     # ----- asyncio side -------------------------------------------------------------------
     async def add_request(self, request_id: str, prompt: list[int] | str, params: SamplingParams,
                           priority: int = 0) -> RequestStream:
         """Queue a request; returns once the engine took it. Raises RequestError/ValueError for bad input."""
-        stream = RequestStream(request_id, asyncio.get_running_loop())
+        stream = RequestStream(request_id, asyncio.get_running_loop(), params.n)
         with self._lock:
             if self._closed or self._thread is None:
-                why = f" ({self.error!r})" if self.error else ""
-                raise EngineDeadError(f"the engine is not running{why}")
+                raise EngineDeadError("the engine failed" if self.error else "the engine is not running")
             if request_id in self._streams:
                 raise RequestError(f"request id {request_id!r} is already in the engine")
             self._streams[request_id] = stream
@@ -164,6 +186,10 @@ class AsyncEngine:
         """Stop a request and free its blocks (a no-op if it already finished)."""
         self._commands.put(_Abort(request_id))
 
+    def abort_all(self, error: BaseException) -> None:
+        """Abort every unfinished request (their blocks freed); each stream ends with `error`. Thread-safe."""
+        self._commands.put(_AbortAll(error))
+
     # ----- engine thread ----------------------------------------------------------------
     def _run(self) -> None:
         eng = self.engine
@@ -172,9 +198,9 @@ class AsyncEngine:
                 commands = self._take_commands(block=not eng.has_unfinished_requests())
                 if any(c is _STOP for c in commands):
                     return
-                aborted = [c.request_id for c in commands if isinstance(c, _Abort)]
+                aborted: list[str] = []
                 for c in commands:
-                    self._apply(c)
+                    aborted += self._apply(c)
                 # A step with nothing to run still records arrivals and aborts in the trace. Observers
                 # go first, and aborted requests count as unfinished until then: once a client sees its
                 # request end, /metrics already shows it.
@@ -187,7 +213,13 @@ class AsyncEngine:
             log.exception("engine step failed; the server stops accepting requests")
             self.error = e
         finally:
-            self._fail_all(EngineDeadError(f"engine stopped: {self.error!r}" if self.error else "server shutting down"))
+            self._fail_all(EngineFailedError("the engine failed while running this request; the server is stopping")
+                           if self.error else ServerShuttingDown("the server is shutting down"))
+        for callback in self.on_failure if self.error else ():
+            try:
+                callback(self.error)
+            except Exception:
+                log.exception("on_failure callback %r failed", callback)
 
     def _take_commands(self, block: bool) -> list[object]:
         out: list[object] = []
@@ -199,7 +231,8 @@ class AsyncEngine:
             except queue.Empty:
                 return out
 
-    def _apply(self, c: object) -> None:
+    def _apply(self, c: object) -> list[str]:
+        """Carry out one command; returns the ids of the requests it aborted."""
         if isinstance(c, _Add):
             rid = c.stream.request_id
             try:
@@ -208,10 +241,27 @@ class AsyncEngine:
                 with self._lock:
                     self._streams.pop(rid, None)
                 c.stream.resolve(e)
-                return
+                return []
             c.stream.resolve(None)
         elif isinstance(c, _Abort):
             self.engine.abort_request(c.request_id)
+            return [c.request_id]
+        elif isinstance(c, _AbortAll):
+            return self._end_all(c.error)
+        return []
+
+    def _end_all(self, error: BaseException) -> list[str]:
+        """Abort every request the engine holds for a stream; each stream gets `error` as its last item."""
+        with self._lock:
+            streams = list(self._streams.values())
+        for s in streams:
+            self.engine.abort_request(s.request_id)
+            try:
+                s.resolve(error)
+                s.push(error)
+            except RuntimeError:  # its loop is closed
+                pass
+        return [s.request_id for s in streams]
 
     def _forget(self, request_ids: list[str]) -> None:
         if request_ids:
@@ -234,6 +284,8 @@ class AsyncEngine:
 
     def _observe(self) -> None:
         trace = self.engine.trace
+        if self.warming_up:  # no observer sees them and the trace does not keep them
+            del trace[self._seen :]
         new = trace[self._seen :]
         for obs in self.observers:
             try:
@@ -249,6 +301,8 @@ class AsyncEngine:
         with self._lock:
             streams, self._streams, self._closed = list(self._streams.values()), {}, True
         for s in streams:
+            if self.error is None:  # a clean stop: free their blocks (after a failed step the engine is not trusted)
+                self.engine.abort_request(s.request_id)
             try:
                 s.resolve(error)  # a no-op if it was already accepted
                 s.push(error)

@@ -11,6 +11,8 @@ import time
 
 import uvicorn
 
+from minillm.server.state import READY
+
 
 class ServerThread:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
@@ -28,12 +30,16 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> "ServerThread":
+    def start(self, timeout: float = 120.0, wait_ready: bool = True) -> "ServerThread":
+        """Start serving; with wait_ready, return once a minillm app has warmed up (/health would say 200)."""
         self.thread.start()
         deadline = time.monotonic() + timeout
-        while not self.server.started:
+        state = getattr(getattr(self.server.config.app, "state", None), "server", None)
+        while not self.server.started or (wait_ready and state is not None and state.phase != READY):
+            if state is not None and state.engine.error is not None:
+                raise RuntimeError(f"the engine failed while warming up: {state.engine.error!r}")
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
+                raise RuntimeError("the server did not start" if not self.server.started else "the server did not warm up")
             time.sleep(0.01)
         return self
 
@@ -43,7 +49,7 @@ class ServerThread:
         self.sock.close()
 
     def __enter__(self) -> "ServerThread":
-        return self.start()
+        return self if self.thread.is_alive() else self.start()  # `with ServerThread(app).start(...)` too
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -31,15 +31,17 @@ def _top_logprobs(req: ChatCompletionRequest) -> int | None:
 
 
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request, state: ServerState) -> Response:
+    state.check_admitting()
     state.check_model(req.model)
+    state.limits.check_n(req.n)
     k = _top_logprobs(req)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    prompts.check_max_tokens(state, max_tokens)
     params = to_sampling_params(req, max_tokens, k)
-    text = prompts.chat_prompt(state, req.messages, req.add_generation_prompt)
-    # the template's text decides the special tokens (vLLM's rule): no second BOS unless asked for
-    ids = prompts.encode(state, text, "messages", add_special_tokens=bool(req.add_special_tokens))
+    state.check_capacity(params.n)  # before any templating or tokenizing
+    ids = await prompts.chat_ids(state, req.messages, req.add_generation_prompt, bool(req.add_special_tokens))
     prompts.check_context(state, ids, params.max_tokens, "messages")
-    state.check_capacity(1)
+    state.check_capacity(params.n)
 
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     sub = Submitted(state.engine)

@@ -28,6 +28,7 @@ def _prompt_list(req: CompletionRequest) -> list[str | list[int]]:
 
 
 async def create_completion(req: CompletionRequest, raw: Request, state: ServerState) -> Response:
+    state.check_admitting()
     state.check_model(req.model)
     if req.echo:
         raise bad_request("echo is not supported by this server", "echo")
@@ -35,11 +36,15 @@ async def create_completion(req: CompletionRequest, raw: Request, state: ServerS
         raise bad_request("suffix is not supported by this server", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of is not supported by this server (only best_of == n)", "best_of")
+    state.limits.check_n(req.n)
+    prompts.check_max_tokens(state, req.max_tokens)
     params = to_sampling_params(req, req.max_tokens, req.logprobs)
-    ids_list = [prompts.encode(state, p, add_special_tokens=params.add_special_tokens) for p in _prompt_list(req)]
+    prompt_list = _prompt_list(req)
+    state.check_capacity(len(prompt_list) * params.n)  # before any tokenizing: the cheap refusal first
+    ids_list = await prompts.encode_all(state, prompt_list, add_special_tokens=params.add_special_tokens)
     for ids in ids_list:
         prompts.check_context(state, ids, params.max_tokens)
-    state.check_capacity(len(ids_list))
+    state.check_capacity(len(ids_list) * params.n)
 
     rid = f"cmpl-{uuid.uuid4().hex}"
     sub = Submitted(state.engine)

@@ -25,3 +25,22 @@ class APIError(Exception):
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param, code)
 
+
+
+def engine_error(e: BaseException) -> APIError:
+    """What a client is told when the engine ended its request: no internal text (the server logs that)."""
+    from minillm.server.async_engine import EngineDeadError, EngineFailedError, ServerShuttingDown
+
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, EngineFailedError):
+        return APIError(500, str(e), "internal_error", code="engine_failed")
+    if isinstance(e, ServerShuttingDown):
+        return APIError(503, f"{e}; the request was aborted", "service_unavailable", code="shutting_down")
+    if isinstance(e, EngineDeadError):
+        return APIError(503, "the engine is not running", "service_unavailable", code="engine_unavailable")
+    return internal_error()
+
+
+def internal_error() -> APIError:
+    return APIError(500, "internal server error; the server's log has the details", "internal_error")

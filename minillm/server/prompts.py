@@ -3,26 +3,49 @@
 Text is encoded as LLM.generate encodes it (engine/request.encode_text): with the
 tokenizer's own special tokens unless the request says otherwise; a chat prompt
 gets the model's chat template, whose text holds whatever special tokens it needs.
+Templating and tokenizing run on the server's prompt thread (ServerState.off_loop),
+after a size check that needs no tokenizer (limits.check_text_fits).
 """
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 from minillm.engine.request import encode_text
 from minillm.server.errors import bad_request
+from minillm.server.limits import check_text_fits
 from minillm.server.protocol import ChatMessage
 from minillm.server.state import ServerState
 
 
-def encode(state: ServerState, prompt: str | list[int], param: str = "prompt",
-           add_special_tokens: bool | None = None) -> list[int]:
+def _encode(tokenizer: Any | None, prompt: str | list[int], param: str, add_special_tokens: bool | None) -> list[int]:
     if isinstance(prompt, str):
-        if state.tokenizer is None:
+        if tokenizer is None:
             raise bad_request("this server has no tokenizer: send the prompt as token ids", param)
-        ids = encode_text(state.tokenizer, prompt, add_special_tokens)
+        ids = encode_text(tokenizer, prompt, add_special_tokens)
     else:
         ids = list(prompt)
     if not ids:
         raise bad_request("the prompt is empty", param)
     return ids
+
+
+async def encode_all(state: ServerState, prompts: Sequence[str | list[int]], param: str = "prompt",
+                     add_special_tokens: bool | None = None) -> list[list[int]]:
+    """Token ids of each prompt; a text too long for the context is refused before it is tokenized."""
+    for p in prompts:
+        if isinstance(p, str):
+            check_text_fits(p, state.max_model_len, state.token_bytes, param)
+    if all(not isinstance(p, str) for p in prompts):
+        return [_encode(None, p, param, add_special_tokens) for p in prompts]
+    return await state.off_loop(lambda: [_encode(state.prompt_tokenizer, p, param, add_special_tokens)
+                                         for p in prompts])
+
+
+def check_max_tokens(state: ServerState, max_tokens: int | None) -> None:
+    """max_tokens alone must leave a token for the prompt (checked before any tokenizing)."""
+    if max_tokens is not None and max_tokens >= state.max_model_len:
+        raise bad_request(f"max_tokens must be less than this model's context length ({state.max_model_len} tokens), "
+                          f"got {max_tokens}", "max_tokens", "context_length_exceeded")
 
 
 def check_context(state: ServerState, ids: list[int], max_tokens: int | None, param: str = "prompt") -> None:
@@ -52,12 +75,21 @@ def _text_of(msg: ChatMessage, i: int) -> str:
     return "".join(parts)
 
 
-def chat_prompt(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
-    tok = state.tokenizer
+def _render(tokenizer: Any, conv: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    try:
+        return tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=add_generation_prompt)
+    except Exception as e:  # the template's own checks (e.g. roles must alternate) are the client's problem
+        raise bad_request(f"the chat template refused these messages: {e}", "messages") from e
+
+
+async def chat_ids(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool,
+                   add_special_tokens: bool) -> list[int]:
+    """The conversation through the model's chat template, then tokenized; both on the prompt thread."""
+    tok = state.prompt_tokenizer
     if tok is None or getattr(tok, "chat_template", None) is None:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
     conv = [{"role": m.role, "content": _text_of(m, i)} for i, m in enumerate(messages)]
-    try:
-        return tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=add_generation_prompt)
-    except Exception as e:  # the template's own checks (e.g. roles must alternate) are the client's problem
-        raise bad_request(f"the chat template refused these messages: {e}", "messages") from e
+    check_text_fits("".join(m["content"] for m in conv), state.max_model_len, state.token_bytes, "messages")
+    text = await state.off_loop(_render, tok, conv, add_generation_prompt)
+    # the template's text decides the special tokens (vLLM's rule): no second BOS unless asked for
+    return (await encode_all(state, [text], "messages", add_special_tokens))[0]

@@ -9,7 +9,16 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StringConstraints
+from typing_extensions import Annotated
+
+# Lists every decode step walks (each new token is checked against every stop string) are bounded here, so a
+# client cannot make every step of every request slower, and the OpenAPI document states the bounds.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 512
+MAX_STOP_TOKEN_IDS = 256
+
+StopString = Annotated[str, StringConstraints(max_length=MAX_STOP_CHARS)]
 
 
 class _Request(BaseModel):
@@ -28,7 +37,7 @@ class SamplingFields(_Request):
     temperature: float | None = None  # OpenAI's default: 1.0
     top_p: float | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -40,7 +49,7 @@ class SamplingFields(_Request):
     min_p: float | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: Annotated[list[int], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     skip_special_tokens: bool = True
     repetition_penalty: float | None = None
     # vLLM's: a text prompt's BOS/EOS; None: the tokenizer's rule (completions), the template's (chat: False)

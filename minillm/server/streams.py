@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
@@ -19,9 +20,10 @@ from starlette.types import Receive, Scope, Send
 from minillm.engine.outputs import RequestOutput
 from minillm.sampling_params import SamplingParams
 from minillm.server.async_engine import AsyncEngine, RequestStream
-from minillm.server.errors import APIError, bad_request
+from minillm.server.errors import bad_request, engine_error
 
 T = TypeVar("T")
+log = logging.getLogger("minillm.server")
 
 
 @dataclass
@@ -98,7 +100,10 @@ def sse(payload: BaseModel | str) -> str:
 
 
 def sse_error(e: BaseException) -> str:
-    err = e if isinstance(e, APIError) else APIError(503, str(e), "service_unavailable", code="engine_unavailable")
+    """The stream's last event when its request ended without finishing (OpenAI's error body)."""
+    err = engine_error(e)
+    if err.type == "internal_error" and err is not e:
+        log.error("a stream ended with an error", exc_info=e)
     return sse(err.body())
 
 
