@@ -63,8 +63,8 @@ class SamplingParams:
             bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None and not (0 <= self.logprobs <= MAX_LOGPROBS):
             bad(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            bad(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not -2**63 <= self.seed < 2**64):
+            bad(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
         if self.add_special_tokens is not None and not isinstance(self.add_special_tokens, bool):
             bad(f"add_special_tokens must be true, false or null, got {self.add_special_tokens!r}")
         if any(not s for s in self.stop):

@@ -225,3 +225,34 @@ def test_the_cli_reads_the_key_from_the_environment(monkeypatch):
     args = build_parser().parse_args(["--api-key", "flag", "--api-key-all-routes", "--max-n", "3"])
     assert args.api_key == "flag" and args.api_key_all_routes and args.max_n == 3
 
+
+
+def test_the_openai_client_sees_each_limit_as_its_status(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)
+    ask = dict(model=MODEL_NAME, prompt="The cat", max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(**{**ask, "n": MAX_N + 1})
+    assert e.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(**ask, stop=[str(i) for i in range(MAX_STOP_STRINGS + 1)])
+    assert e.value.body["param"] == "stop"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=server.engine.max_model_len)
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.APIStatusError) as e:
+        client.completions.create(model=MODEL_NAME, prompt="x" * MAX_BYTES, max_tokens=2)
+    assert e.value.status_code == 413 and e.value.body["code"] == "request_too_large"
+    with pytest.raises(openai.RateLimitError):
+        client.completions.create(model=MODEL_NAME, prompt=["a"] * 2, n=MAX_N, max_tokens=2)  # 8 > 6 sequences
+
+
+def test_integers_past_int64_never_reach_the_engine_as_a_crash(server):
+    """A top_k past the vocabulary is no filter (it once overflowed torch.tensor inside the step and stopped
+    the engine for everyone); a seed outside torch's range is a 400 naming `seed`."""
+    body = {**BODY, "temperature": 1.0, "top_p": 0.5, "top_k": 2**63, "seed": 1}
+    assert httpx.post(server.url + "/v1/completions", json=body, timeout=30).status_code == 200
+    err = refused_fast(server, {**BODY, "seed": 2**64}, 400, "seed")
+    assert "seed" in err["message"]
+    last = httpx.post(server.url + "/v1/completions", json={**BODY, "seed": 2**64 - 1, "temperature": 1.0}, timeout=30)
+    assert last.status_code == 200 and httpx.get(server.url + "/health").status_code == 200

@@ -127,7 +127,7 @@ class RequestBuilder:
         for i in range(params.n):
             gen = None
             if params.seed is not None:
-                gen = torch.Generator(device=self.device).manual_seed(params.seed + i)
+                gen = torch.Generator(device=self.device).manual_seed((params.seed + i) % 2**64)  # as torch reads it
             detok = IncrementalDetokenizer(self.tokenizer, ids, params) if self.tokenizer is not None else None
             seq = Sequence(next(self._seq_ids), request_id, i, list(ids), len(ids), params, now,
                            max_tokens=max_tokens, priority=priority, generator=gen, detokenizer=detok)

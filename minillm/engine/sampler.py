@@ -52,7 +52,7 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     temp = torch.tensor([p.temperature for p in params], device=dev, dtype=logits.dtype)
     logits = logits / temp[:, None]
     vocab = logits.shape[-1]
-    top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
+    top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]  # past the vocabulary: off
     top_p = [p.top_p for p in params]
     min_p = [p.min_p for p in params]
     if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p) or any(m > 0 for m in min_p):

@@ -4,10 +4,11 @@
                                  \\--(a step raises)--> /health 503, uvicorn stops --> exit 1
 
 Warm-up: a server that builds kernels and compiles on its first request gives that client
-a long first token; real deployments send warm-up requests before going online. Here
-one request runs alone (prefill, batch-1 decode) and then two together (batched prefill and
-decode), through every path a real request takes, while /health answers 503 and /v1 refuses
-with 503; the seconds it took are logged and exported (`minillm:warmup_seconds`).
+a long first token; real deployments send warm-up requests before going online. Here the
+prompt thread renders and encodes a chat once, then one request runs alone (prefill, batch-1
+decode) and two together (batched prefill and decode), through every path a real request takes,
+while /health answers 503 and /v1 refuses with 503; the seconds it took are logged and exported
+(`minillm:warmup_seconds`).
 
 Draining: admissions stop (503), requests in flight get `grace_s` to finish, the rest are
 aborted (a stream's last event says so), every KV block is freed, the process exits 0.
@@ -29,6 +30,7 @@ from prometheus_client import Gauge
 
 from minillm.sampling_params import SamplingParams
 from minillm.server.async_engine import ServerShuttingDown
+from minillm.server.prompts import warm_prompt_path
 from minillm.server.state import DRAINING, READY, WARMING_UP, ServerState
 
 log = logging.getLogger("minillm.server")
@@ -52,6 +54,9 @@ async def warm_up(state: ServerState) -> float:
     params = SamplingParams(max_tokens=WARMUP_TOKENS, temperature=0.0, ignore_eos=True)
     engine.warming_up = True  # not traffic: kept out of the metrics and the trace
     try:
+        tok = state.prompt_tokenizer
+        if tok is not None:  # the prompt thread's first template render and encode (jinja compiles the template)
+            await state.off_loop(warm_prompt_path, tok)
         short, long = warmup_prompts(state)
         await _drain(await engine.add_request("warmup-0", short, params))
         streams = [await engine.add_request(f"warmup-{i}", ids, params) for i, ids in enumerate((short, long), 1)]

@@ -93,3 +93,11 @@ async def chat_ids(state: ServerState, messages: list[ChatMessage], add_generati
     text = await state.off_loop(_render, tok, conv, add_generation_prompt)
     # the template's text decides the special tokens (vLLM's rule): no second BOS unless asked for
     return (await encode_all(state, [text], "messages", add_special_tokens))[0]
+
+
+def warm_prompt_path(tokenizer: Any) -> None:
+    """Render and encode one short conversation, as a chat request would (the server's warm-up)."""
+    text = "Hello"
+    if getattr(tokenizer, "chat_template", None) is not None:
+        text = _render(tokenizer, [{"role": "user", "content": text}], True)
+    encode_text(tokenizer, text, None)
