@@ -28,13 +28,8 @@ default model, int4 g32 + int8 head, eager, 2 threads, `minillm bench latency`):
   (5.4 / 4.5 s against 5.1 / 4.7 s). So a CPU without bf16 hardware takes "blocks".
 - a Xeon with AMX told to run torch's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, one thread):
   "bf16" 34.2 / 37.3 tok/s against "blocks" 29.8 / 28.0 -- the bf16 hardware still helps torch's
-  kernels there (oneDNN keeps its own ISA), so that case stays on "bf16", as do CPUs with AMX.
-- an AMD EPYC with AVX-512 BF16 and no AMX, once the blocks were kept 8 rows interleaved (the layout
-  GGUFLinear gives a file's blocks), one thread, `minillm bench quant` decode / 128-token prefill
-  tok/s in two alternating pairs: int4 "blocks" 75.2 / 799 and 71.0 / 778 against "bf16" 54.1 / 330
-  and 53.1 / 329; int8 "blocks" 61.8 / 611 against "bf16" 31.8 / 287 (slower than float32 there).
-  So AVX-512 BF16 without AMX takes "blocks"; AMX, whose tiles serve torch's bf16 products, was not
-  measured against the interleaved blocks and stays on "bf16".
+  kernels there (oneDNN keeps its own ISA), so that case stays on "bf16", as do CPUs with native
+  bf16 (AVX-512 BF16, AMX).
 
 MINILLM_QUANT_CPU_ROUTE=bf16 | blocks overrides the choice. The features are detected and recorded
 (quantization_report["kernels"], the bench JSON's machine record).
@@ -82,20 +77,16 @@ def quant_cpu_route() -> tuple[str, str]:
                 raise RuntimeError(f"{ROUTE_ENV}=blocks, but the GGUF block kernels are unavailable: {why}")
         return forced, f"{ROUTE_ENV}={forced}"
     feats = cpu_features()
-    if feats.native_bf16 and feats.amx:
-        return "bf16", f"native bf16 (AMX, torch {feats.torch_capability})"
-    if not feats.native_bf16 and (feats.avx512_bf16 or feats.amx):
+    if feats.native_bf16:
+        return "bf16", f"native bf16 ({'AMX' if feats.amx else 'AVX-512 BF16'}, torch {feats.torch_capability})"
+    if feats.avx512_bf16 or feats.amx:
         # bf16 hardware, torch told to use its AVX2 kernels: measured faster on "bf16" (module docstring)
         return "bf16", (f"bf16 hardware with torch limited to {feats.torch_capability} kernels: measured faster "
                         f"at batch-1 decode than the block kernels")
     ok, reason = _blocks_available()
     if not ok:
-        if feats.native_bf16:
-            return "bf16", f"native bf16 (AVX-512 BF16, torch {feats.torch_capability}); the block kernels are unavailable ({reason})"
         return "bf16", f"no bf16 hardware, but the block kernels are unavailable ({reason}): emulated bf16"
-    # measured on an AVX2-only Zen3 and an AVX-512 BF16 EPYC (module docstring): the integer block kernels win
-    if feats.native_bf16:
-        return "blocks", f"AVX-512 BF16 without AMX (torch {feats.torch_capability}): integer GGUF block kernels"
+    # measured on an AVX2-only Zen3 (module docstring): the integer block kernels decode faster
     return "blocks", f"no bf16 hardware (torch {feats.torch_capability}): integer GGUF block kernels"
 
 

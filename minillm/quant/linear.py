@@ -142,10 +142,6 @@ class QuantLinear(nn.Module):
             codes = unpack_int4(self.qweight, self.in_features)
             blocks, type_name = int4_as_q4_1(codes, self.scale_zeros, self.group_size), "Q4_1"
         self.block_type = gguf_cpu.TYPE_IDS[type_name]
-        # 8 rows interleaved, as GGUFLinear keeps a file's blocks: the SIMD kernels' faster layout
-        packed = gguf_cpu.interleave(type_name, blocks) if gguf_cpu.load().isa() != "portable" else None
-        if packed is not None:
-            blocks, self.block_type = packed
         # the blocks hold the codes and the (fp16) scales: the float32 copies go
         self.qweight = blocks
         if self.bits == 8:
@@ -159,11 +155,8 @@ class QuantLinear(nn.Module):
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [out, in] this layer computes with (up to the activation dtype)."""
         if self.layout == "blocks":
-            from minillm.cpu.kernels import gguf_cpu
-
-            raw, file_type = gguf_cpu.deinterleave(self.block_type, self.qweight.reshape(-1), self.out_features,
-                                                   self.in_features)
-            return torch.ops.minillm_gguf.dequantize(raw, file_type, self.out_features, self.in_features)
+            return torch.ops.minillm_gguf.dequantize(self.qweight.reshape(-1), self.block_type, self.out_features,
+                                                     self.in_features)
         if self.bits == 8:
             return dequantize_int8(self.qweight, self.scales)
         if self.layout == "plain":
