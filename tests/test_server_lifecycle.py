@@ -2,7 +2,6 @@
 drain on SIGTERM and exit 0 with every KV block free."""
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -10,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -46,6 +46,19 @@ def test_not_ready_until_warmed_up_and_the_warmup_is_not_traffic():
     assert sum(float(line.split()[-1]) for line in done) == 1.0, done
 
 
+def wait_healthy(url: str, running: Callable[[], bool], timeout: float = 120.0) -> None:
+    """Poll /health until it says 200 (the server is up and warmed up)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert running() and time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.05)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,15 +86,7 @@ def test_a_step_that_raises_fails_its_requests_turns_health_503_and_exits_1():
     runner = threading.Thread(target=lambda: code.append(serve_app(app, "127.0.0.1", port, "warning", grace_s=1)))
     runner.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_healthy(url, runner.is_alive)
     engine.armed_at = engine.steps
     health_after: list[int] = []
     with httpx.Client(base_url=url, timeout=30) as http:
@@ -115,15 +120,7 @@ def test_sigterm_drains_streams_frees_every_block_and_exits_0():
                             stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.1)
+        wait_healthy(url, lambda: proc.poll() is None)
         results: dict[str, list[str]] = {}
         started = threading.Barrier(4)
 
