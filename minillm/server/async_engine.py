@@ -254,14 +254,18 @@ class AsyncEngine:
         """Abort every request the engine holds for a stream; each stream gets `error` as its last item."""
         with self._lock:
             streams = list(self._streams.values())
+        self._end_streams(streams, error, abort=True)
+        return [s.request_id for s in streams]
+
+    def _end_streams(self, streams: list[RequestStream], error: BaseException, abort: bool) -> None:
         for s in streams:
-            self.engine.abort_request(s.request_id)
+            if abort:
+                self.engine.abort_request(s.request_id)
             try:
-                s.resolve(error)
+                s.resolve(error)  # a no-op if it was already accepted
                 s.push(error)
             except RuntimeError:  # its loop is closed
                 pass
-        return [s.request_id for s in streams]
 
     def _forget(self, request_ids: list[str]) -> None:
         if request_ids:
@@ -300,11 +304,5 @@ class AsyncEngine:
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:
             streams, self._streams, self._closed = list(self._streams.values()), {}, True
-        for s in streams:
-            if self.error is None:  # a clean stop: free their blocks (after a failed step the engine is not trusted)
-                self.engine.abort_request(s.request_id)
-            try:
-                s.resolve(error)  # a no-op if it was already accepted
-                s.push(error)
-            except RuntimeError:  # its loop is closed
-                pass
+        # a clean stop frees their blocks; after a failed step the engine is not trusted to
+        self._end_streams(streams, error, abort=self.error is None)

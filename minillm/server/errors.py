@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
+from minillm.server.async_engine import EngineDeadError, EngineFailedError, ServerShuttingDown
 from minillm.server.protocol import ErrorInfo, ErrorResponse
 
 
@@ -26,11 +27,8 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, "invalid_request_error", param, code)
 
 
-
 def engine_error(e: BaseException) -> APIError:
     """What a client is told when the engine ended its request: no internal text (the server logs that)."""
-    from minillm.server.async_engine import EngineDeadError, EngineFailedError, ServerShuttingDown
-
     if isinstance(e, APIError):
         return e
     if isinstance(e, EngineFailedError):
