@@ -467,23 +467,25 @@ def check_draft_pair(code_acceptance: list[float], speedups: list[tuple[float, f
                 f"the cost model predicts a loss (x{predicted:.2f}) but the measurement shows x{measured:.2f}")
 
 
-def check_medusa_heads(head1_by_domain: dict[str, float], untrained_head1: float, k1_verify_cost: float,
+def check_medusa_heads(head1_by_domain: dict[str, float], untrained_head1: float, k1_verify_vs_rows: float,
                        speedups: list[tuple[float, float]], min_lift: float = 0.05, max_k1_cost: float = 1.3,
                        tolerance: float = 0.3) -> None:
     """Notebook 09's Medusa heads (Cai et al., ICML 2024), trained for minutes on the model's answers to
     Python questions and everyday ones: on questions never trained on, head 1 (the t+2 guess) is
     accepted more than `min_lift` more often than an untrained head's held-out top-1 in each kind of
-    text; a k = 1 verify step costs under `max_k1_cost` decode steps (its 2 rows go through the
-    paged-decode kernel, and the heads' guesses share its LM-head pass); and the cost model
+    text; a k = 1 verify step costs under `max_k1_cost` plain steps of the same 2 rows (two sequences
+    decoded together: its rows go through the paged-decode kernel, and the heads' guesses share its
+    LM-head pass; what a second row adds to a step is the CPU's business, so it is the yardstick,
+    not a 1-row step); and the cost model
     (1 + sum of the chain acceptances) x decode step / verify step predicts each measured speed-up
     within `tolerance`. speedups: (measured, predicted) per domain and k."""
     for domain, head1 in head1_by_domain.items():
         assert head1 > untrained_head1 + min_lift, (
             f"head 1 accepted {head1:.2f} on {domain}, not > an untrained head's {untrained_head1:.2f} + {min_lift}: "
             f"the training did not take there")
-    assert k1_verify_cost < max_k1_cost, (
-        f"a k = 1 verify step cost {k1_verify_cost:.2f} decode steps, not < {max_k1_cost}: a second pass over the "
-        f"LM head, or the verify rows off the decode kernel?")
+    assert k1_verify_vs_rows < max_k1_cost, (
+        f"a k = 1 verify step cost {k1_verify_vs_rows:.2f} plain 2-row steps, not < {max_k1_cost}: a second pass "
+        f"over the LM head, or the verify rows off the decode kernel?")
     for measured, predicted in speedups:
         assert abs(measured / predicted - 1) < tolerance, (
             f"Medusa measured x{measured:.2f} vs the cost model's x{predicted:.2f}: off by more than {tolerance:.0%}")
