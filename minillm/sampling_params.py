@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # loaded when a request asks for it: the plain path never reads structured_outputs.py
+    from minillm.structured_outputs import StructuredOutputs
 
 MAX_LOGPROBS = 20
 
@@ -31,12 +35,19 @@ class SamplingParams:
     # a text prompt's special tokens (BOS/EOS): None follows the tokenizer's own rule (Gemma, Llama add
     # BOS; Qwen, SmolLM2 add none); a chat prompt is rendered by its template, which decides: False there
     add_special_tokens: bool | None = None
+    # the output must match a JSON schema, a regex, a choice or a grammar (structured_outputs.py); a dict
+    # of StructuredOutputs' fields is taken too
+    structured_outputs: "StructuredOutputs | None" = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.structured_outputs, dict):
+            from minillm.structured_outputs import StructuredOutputs
+
+            self.structured_outputs = StructuredOutputs.from_dict(self.structured_outputs)
         self.validate()
 
     def validate(self) -> None:
@@ -69,6 +80,15 @@ class SamplingParams:
             bad(f"add_special_tokens must be true, false or null, got {self.add_special_tokens!r}")
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty")
+        if self.structured_outputs is not None:
+            from minillm.structured_outputs import StructuredOutputs
+
+            if not isinstance(self.structured_outputs, StructuredOutputs):
+                bad(f"structured_outputs must be a StructuredOutputs or a dict, got {self.structured_outputs!r}")
+            # the grammar's end allows only EOS: a request that may not stop there could only break it
+            if self.ignore_eos or self.min_tokens:
+                bad("structured_outputs ends at its grammar's end: ignore_eos and min_tokens do not apply")
+            self.structured_outputs.validate()
 
     @property
     def greedy(self) -> bool:

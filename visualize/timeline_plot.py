@@ -47,6 +47,13 @@ def token_traces(view: TimelineView) -> list[go.BaseTraceType]:
     traces.append(go.Scatter(x=steps, y=[t.budget for t in view.tokens], mode="lines", name="token budget",
                              line=dict(color="#444", dash="dash", shape="hv"), legendgroup="tokens",
                              hovertemplate="budget %{y} tokens<extra></extra>"))
+    masked = [t for t in view.tokens if t.grammar_rows]
+    if masked:  # structured outputs: the steps whose rows a grammar masked, and what the masks cost
+        traces.append(go.Scatter(x=[t.step for t in masked], y=[t.grammar_rows for t in masked], mode="markers",
+                                 name="rows masked by a grammar", legendgroup="tokens",
+                                 marker=dict(symbol="diamond-open", size=9, color="#7b3294"),
+                                 customdata=[t.grammar_ms for t in masked],
+                                 hovertemplate="step %{x}: %{y} rows masked, %{customdata:.2f} ms<extra></extra>"))
     return traces
 
 

@@ -56,6 +56,8 @@ class StepTokens:
     budget: int
     num_seqs: int
     max_num_seqs: int
+    grammar_rows: int = 0  # structured outputs: logits rows a grammar masked, and the masks' time
+    grammar_ms: float = 0.0
 
     @property
     def total(self) -> int:
@@ -119,7 +121,8 @@ def timeline_view(trace: Sequence[StepTrace], cursor: int | None = None, upto: i
             finish[sid] = (i, f.reason)
             live.discard(sid)
         tokens.append(StepTokens(i, rec.num_prefill_tokens, rec.num_decode_tokens, rec.num_spec_tokens,
-                                 rec.token_budget, len(rec.scheduled), rec.max_num_seqs))
+                                 rec.token_budget, len(rec.scheduled), rec.max_num_seqs,
+                                 rec.grammar_rows, rec.grammar_s * 1e3))
     rows = tuple(
         TimelineRow(sid, infos[sid].request_id, infos[sid].label, infos[sid].arrival_step,
                     *(finish[sid] if sid in finish else (None, None)))

@@ -19,6 +19,7 @@ process, or N tensor/pipeline-parallel ranks).
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from minillm.engine.batch import StepBatch
@@ -26,16 +27,20 @@ from minillm.engine.block_manager import PREFIX_CACHES, BlockManager
 from minillm.engine.config import EngineConfig
 from minillm.engine.cost import bytes_per_weight
 from minillm.engine.executor import Executor
+from minillm.engine.grammar import GrammarGate
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.outputs import RequestOutput
 from minillm.engine.request import Request, RequestBuilder, RequestError
 from minillm.engine.scheduler import Scheduler
+from minillm.engine.sequence import SequenceStatus
 from minillm.engine.token_choice import choose_tokens
 from minillm.engine.tracer import StepTracer
 from minillm.models.llama import LlamaForCausalLM
 from minillm.sampling_params import SamplingParams
 
 __all__ = ["LLMEngine", "RequestError"]
+
+log = logging.getLogger(__name__)
 
 
 def make_block_manager(num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
@@ -100,6 +105,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._builder = RequestBuilder(tokenizer, cfg.vocab_size, self.max_model_len,
                                        plan.num_blocks * plan.block_size, self.executor.device)
+        self.grammars = GrammarGate(tokenizer, cfg.vocab_size, self.eos_token_ids)  # structured outputs
         self.proposer = None
         if config.speculative is not None:
             from minillm.spec_decode.factory import make_proposer
@@ -125,9 +131,12 @@ class LLMEngine:
             raise RequestError(f"request id {request_id!r} is already in the engine")
         now = time.perf_counter() if arrival_time is None else arrival_time
         req = self._builder.build(request_id, prompt, params or SamplingParams(), now, priority)
+        if params is not None and params.structured_outputs is not None:
+            self.grammars.hold(req.seqs, params.structured_outputs)  # enters the scheduler once compiled
+        else:
+            for s in req.seqs:
+                self.scheduler.add(s)
         self.requests[request_id] = req
-        for s in req.seqs:
-            self.scheduler.add(s)
         self.tracer.arrived(request_id, req.seqs, now, self.scheduler.policy.lane(req.seqs[0]))
         return req
 
@@ -137,6 +146,7 @@ class LLMEngine:
         if req is None:
             return False
         now = time.perf_counter()
+        self.grammars.drop(req.seqs)
         for seq in req.seqs:
             if not seq.is_finished:
                 self.scheduler.abort(seq)
@@ -147,18 +157,19 @@ class LLMEngine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished
+        return self.scheduler.has_unfinished or bool(self.grammars)
 
     # ----- the step ----------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run, choose tokens, update; returns outputs of requests that changed."""
         t0 = time.perf_counter()
+        failed = self._admit_compiled(wait=not self.scheduler.has_unfinished)
         batch = self.scheduler.schedule()
         if self.proposer is not None:
             self.proposer.propose(batch)  # drafts travel in the batch
         packed = StepBatch.build(batch.chunks)
         logits = self.executor.execute(packed) if batch.chunks else None
-        chosen = choose_tokens(batch, packed, logits, self.eos_token_ids, self.executor.fast_argmax)
+        chosen, masks = choose_tokens(batch, packed, logits, self.eos_token_ids, self.executor.fast_argmax)
         moves = []
         if self.proposer is not None:
             from minillm.spec_decode.tree import tree_kv_moves
@@ -174,8 +185,24 @@ class LLMEngine:
             draft = self.proposer.trace_record()
         self.tracer.record(batch, chosen, update, self.scheduler, self.block_manager, t0, time.perf_counter(),
                            self.executor.take_comm_stats(), draft, self.executor.take_routed_tokens(),
-                           path=self.executor.last_path if batch.chunks else "")
-        return self._outputs(update.changed)
+                           path=self.executor.last_path if batch.chunks else "", masks=masks)
+        return self._outputs(failed + update.changed)
+
+    def _admit_compiled(self, wait: bool) -> list:
+        """Requests whose grammar is ready join the scheduler's queue (wait: nothing else can run);
+        returns the sequences of those whose grammar failed to compile, finished."""
+        if not self.grammars:
+            return []
+        ready, failed = self.grammars.ready(wait)
+        for s in ready:
+            self.scheduler.add(s)
+        now = time.perf_counter()
+        for seqs, err in failed:  # validated when its SamplingParams was made, so this is the library's fault
+            log.warning("request %s: its grammar failed to compile (%s); aborted", seqs[0].request_id, err)
+            for s in seqs:
+                s.status, s.finish_reason, s.finish_time = SequenceStatus.FINISHED, "abort", now
+                self.tracer.finished(s)
+        return [s for seqs, _ in failed for s in seqs]
 
     def _outputs(self, changed) -> list[RequestOutput]:
         outputs = []
@@ -199,7 +226,8 @@ class LLMEngine:
         self.proposer.set_lookahead(self.scheduler.num_lookahead_slots)
 
     def close(self) -> None:
-        """Stop worker processes, if any (one process holds nothing to release)."""
+        """Stop worker processes, if any, and the grammar compiler's thread."""
+        self.grammars.close()
         self.executor.close()
 
     # ----- conveniences -------------------------------------------------------------------

@@ -7,6 +7,7 @@ string (found by the incremental detokenizer), max_tokens, or the context length
 from __future__ import annotations
 
 import enum
+from typing import Any
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +51,7 @@ class Sequence:
     logprobs: list[dict[int, float]] = field(default_factory=list)
     generator: torch.Generator | None = None
     wait_for_parent: "Sequence | None" = None  # n > 1: start once the parent's prompt is cached
+    grammar: Any = None  # structured outputs: its grammar matcher (engine/grammar.py), once compiled
 
     @property
     def output_text(self) -> str:

@@ -6,12 +6,15 @@ the accepted drafts plus one token of the target's own; a tree of drafts keeps
 one root-to-node path (its nodes in ChosenTokens.accepted_nodes). Both give a
 ChosenTokens, so the scheduler's update does not care which path chose them.
 Until a sequence has min_tokens outputs, EOS and its stop token ids are banned
-from every row that scores one of those outputs.
+from every row that scores one of those outputs; a sequence with structured
+outputs has every token its grammar forbids masked on each such row
+(engine/grammar.py), and its grammar moves on over the tokens chosen.
 """
 from __future__ import annotations
 
 import torch
 
+from minillm.engine import grammar
 from minillm.engine.batch import ScheduledBatch, StepBatch
 from minillm.engine.sampler import Argmax, ban_tokens, logprob_entry, min_tokens_bans, sample
 from minillm.engine.scheduler import ChosenTokens
@@ -36,15 +39,17 @@ def _bans(batch: ScheduledBatch, step: StepBatch, eos_token_ids: set[int]) -> li
     return bans
 
 
-def choose_tokens(batch: ScheduledBatch, step: StepBatch, logits: torch.Tensor | None,
-                  eos_token_ids: set[int], fast_argmax: Argmax | None = None) -> list[ChosenTokens | None]:
-    """chosen[i]: chunk i's tokens, or None when the chunk did not catch its sequence up."""
+def choose_tokens(batch: ScheduledBatch, step: StepBatch, logits: torch.Tensor | None, eos_token_ids: set[int],
+                  fast_argmax: Argmax | None = None) -> tuple[list[ChosenTokens | None], grammar.MaskStats]:
+    """chosen[i]: chunk i's tokens, or None when the chunk did not catch its sequence up; and what the
+    structured-output masks cost this step."""
     chosen: list[ChosenTokens | None] = [None] * len(batch.chunks)
     if logits is None:
-        return chosen
+        return chosen, grammar.MaskStats()
     bans = _bans(batch, step, eos_token_ids)
     if bans is not None:
         logits = ban_tokens(logits.clone(), bans)
+    logits, masks = grammar.mask_logits(batch, step, logits)
     plain = [i for i, (c, (_, n)) in enumerate(zip(batch.chunks, step.chunk_logits)) if n and not c.draft_token_ids]
     if plain:
         rows = [step.chunk_logits[i][0] for i in plain]
@@ -74,4 +79,5 @@ def choose_tokens(batch: ScheduledBatch, step: StepBatch, logits: torch.Tensor |
             lp = rows[scored_by].log_softmax(-1)
             lps = [logprob_entry(lp[j], t, p.logprobs) for j, t in enumerate(tokens)]
         chosen[i] = ChosenTokens(tokens, lps, accepted, path)
-    return chosen
+    grammar.advance(batch, chosen)
+    return chosen, masks

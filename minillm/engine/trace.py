@@ -200,6 +200,10 @@ class StepTrace:
     # the code that ran the step (engine/fast_path.py): "plain", "compiled graph", "CUDA graph", or a
     # fast path's whole-step runner such as "one-region CPU step"; "" for a step that ran no model
     path: str = ""
+    # structured outputs (engine/grammar.py): logits rows masked by a grammar, and the seconds the
+    # masks took (walking the matchers, filling and applying the bitmasks)
+    grammar_rows: int = 0
+    grammar_s: float = 0.0
 
     @property
     def num_tokens(self) -> int:

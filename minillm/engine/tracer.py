@@ -43,7 +43,7 @@ class StepTracer:
     # ----- one step ------------------------------------------------------------------------
     def record(self, batch: ScheduledBatch, chosen: list[ChosenTokens | None], update: StepUpdate,
                scheduler: Scheduler, bm: BlockManager, start: float, end: float, comm=None,
-               draft: tr.DraftRecord | None = None, routed=None, path: str = "") -> tr.StepTrace:
+               draft: tr.DraftRecord | None = None, routed=None, path: str = "", masks=None) -> tr.StepTrace:
         for seq in update.finished:
             self.finished(seq)
         scheduled, spec = [], []
@@ -116,6 +116,7 @@ class StepTracer:
                 "allreduce_bytes": float(comm.allreduce_bytes), "allgather_bytes": float(comm.allgather_bytes),
                 "comm_time_s": comm.time_s, "p2p_bytes": float(comm.p2p_bytes)}),
             draft=draft, prefix_tree=bm.prefix_tree_snapshot(),
+            **({} if masks is None else {"grammar_rows": masks.rows, "grammar_s": masks.seconds}),
             **({} if routed is None else {"moe_layers": routed.layers, "expert_tokens": routed.counts}),
             queue=tuple(tr.QueueEntry(s.seq_id, s.request_id, s.priority, lane(s), running)
                         for group, running in ((scheduler.waiting, False), (holders, True)) for s in group),

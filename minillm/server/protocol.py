@@ -2,15 +2,19 @@
 
 Requests ignore fields they do not know (clients send many optional ones) but
 validate the ones they do; the extras vLLM accepts (top_k, min_p, ignore_eos,
-min_tokens, stop_token_ids, ...) are understood here too.
+min_tokens, stop_token_ids, structured_outputs and the older guided_*, ...) are
+understood here too.
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
 from typing_extensions import Annotated
+
+from minillm.structured_outputs import MAX_CHOICES
 
 # Lists every decode step walks (each new token is checked against every stop string) are bounded here, so a
 # client cannot make every step of every request slower, and the OpenAPI document states the bounds.
@@ -19,6 +23,13 @@ MAX_STOP_CHARS = 512
 MAX_STOP_TOKEN_IDS = 256
 
 StopString = Annotated[str, StringConstraints(max_length=MAX_STOP_CHARS)]
+# A structured output's spec is parsed when the request arrives (on the event loop) and compiled for
+# the vocabulary off it; its texts are bounded here, below the body limit.
+MAX_PATTERN_CHARS = 64 * 1024  # a regex or a grammar
+MAX_CHOICE_CHARS = 4096  # one choice
+Pattern = Annotated[str, StringConstraints(max_length=MAX_PATTERN_CHARS)]
+Choices = Annotated[list[Annotated[str, StringConstraints(max_length=MAX_CHOICE_CHARS)]],
+                    Field(max_length=MAX_CHOICES)]
 
 
 class _Request(BaseModel):
@@ -27,6 +38,51 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+
+
+# ----- structured outputs -----------------------------------------------------------
+# OpenAI's response_format, vLLM's structured_outputs and vLLM's older guided_* fields: at most one
+# of them constrains a request (server/sampling.py turns it into a StructuredOutputs).
+
+
+class JsonSchemaFormat(_Request):
+    """response_format.json_schema: the schema itself is under "schema" (OpenAI's name)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)  # schema_ by its own name too
+
+    name: Annotated[str, StringConstraints(max_length=256)]
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None  # the schema is always enforced, strict or not
+
+
+class ResponseFormat(_Request):
+    """OpenAI's response_format: {"type": "text"} (the default), {"type": "json_object"} or
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}. One model rather than a
+    union tagged by "type", so an error's path is the body's own (response_format.json_schema.name)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise PydanticCustomError("missing", 'type "json_schema" needs a json_schema object: '
+                                      '{"name": ..., "schema": {...}}')
+        return self
+
+
+class StructuredOutputsFields(_Request):
+    """vLLM's structured_outputs: exactly one of these (minillm/structured_outputs.py). Unknown keys are
+    refused rather than ignored: a misspelt constraint must not turn into an unconstrained request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: dict[str, Any] | Pattern | None = Field(default=None, alias="json")  # a schema, or its text
+    json_object: bool | None = None
+    regex: Pattern | None = None
+    choice: Choices | None = None
+    grammar: Pattern | None = None
 
 
 class SamplingFields(_Request):
@@ -55,6 +111,13 @@ class SamplingFields(_Request):
     # vLLM's: a text prompt's BOS/EOS; None: the tokenizer's rule (completions), the template's (chat: False)
     add_special_tokens: StrictBool | None = None
     priority: StrictInt = 0  # vLLM's: lower is served first when the server runs --scheduling-policy priority
+    # structured outputs: OpenAI's, vLLM's, vLLM's older names (at most one of them per request)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsFields | None = None
+    guided_json: dict[str, Any] | Pattern | None = None
+    guided_regex: Pattern | None = None
+    guided_choice: Choices | None = None
+    guided_grammar: Pattern | None = None
 
 
 class CompletionRequest(SamplingFields):
