@@ -10,7 +10,7 @@ import pytest
 import minillm.extras as extras
 from minillm.cli import main as minillm_main
 
-BENCH_COMMANDS = {"latency", "throughput", "serve", "prefix", "spec", "tp", "quant", "roofs"}
+BENCH_COMMANDS = {"latency", "throughput", "serve", "prefix", "spec", "structured", "tp", "quant", "roofs"}
 
 
 @pytest.fixture()

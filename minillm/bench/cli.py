@@ -1,4 +1,4 @@
-"""`minillm bench {latency,throughput,serve,prefix,spec,tp,quant,roofs}`: argument parsing and model loading.
+"""`minillm bench {latency,throughput,serve,prefix,spec,structured,tp,quant,roofs}`: argument parsing and model loading.
 
     python -m minillm.bench latency --compare transformers,llama.cpp --json latency.json
     python -m minillm.bench throughput --compare transformers --num-requests 128
@@ -7,6 +7,7 @@
     python -m minillm.bench prefix --prefix-len 1024
     python -m minillm.bench prefix --workload chat --json chat.json   # multi-turn: none vs hash vs radix
     python -m minillm.bench spec --json spec.json
+    python -m minillm.bench structured --batch 1 32 --repeats 3 --json structured.json
     python -m minillm.bench tp --tp 3 --json tp.json
     python -m minillm.bench roofs --remeasure
     python -m minillm.bench quant --settings float,int8,int4,gguf --json quant.json
@@ -183,6 +184,25 @@ def build_parser() -> argparse.ArgumentParser:
     spc.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 4, 16])
     spc.add_argument("--batch-k", type=int, default=4, help="k for the batch-size sweep")
     _run_args(spc)
+
+    sto = sub.add_parser("structured", help="structured outputs: TPOT with a JSON schema vs the same requests "
+                                            "without, per batch size; grammar compile time per schema, cold and cached")
+    sto.add_argument("--model", default=None, help="a name from `minillm models`, a Hugging Face folder or Hub repo "
+                                                   "id, or a GGUF file (default: SmolLM2-135M-Instruct)")
+    sto.add_argument("--dtype", choices=["auto", *sorted(DTYPES)], default="auto",
+                     help="default: LLM()'s own (auto: float32 on a CPU, bfloat16 on CUDA)")
+    sto.add_argument("--device", default=None)
+    sto.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="batch sizes (requests at once)")
+    sto.add_argument("--repeats", type=int, default=3, help="plain/constrained pairs per batch size, interleaved; "
+                                                            "also fresh compilers for the compile figures")
+    sto.add_argument("--max-tokens", type=int, default=256, help="a cap on each constrained output (the schema "
+                                                                 "bounds it first)")
+    sto.add_argument("--num-schemas", type=int, default=None,
+                     help="compile only the first N of the built-in schemas (default: all)")
+    sto.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                     help="before each run wait up to this long for other tenants' load to stop stalling "
+                          "multi-threaded ops (the probe is recorded either way)")
+    _run_args(sto)
 
     tp = sub.add_parser("tp", help="tensor parallelism: per-step all-reduce bytes and time here, and an "
                                    "analytic speed-up model for Llama-2-7B/70B over NVLink vs PCIe")
@@ -627,6 +647,25 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _structured(args: argparse.Namespace) -> dict[str, Any]:
+    from minillm import LLM
+    from minillm.bench.structured import bench_structured, format_structured
+
+    if any(b < 1 for b in args.batch) or args.repeats < 1 or args.max_tokens < 1:
+        raise SystemExit("minillm bench structured: --batch, --repeats and --max-tokens must be >= 1")
+    opts = {k: v for k, v in (("dtype", args.dtype), ("device", args.device)) if v not in (None, "auto")}
+    _log(f"loading minillm: LLM({', '.join([repr(args.model)] * bool(args.model) + [f'{k}={v!r}' for k, v in opts.items()])})")
+    torch.manual_seed(args.seed)
+    with LLM(args.model, **opts) as llm:
+        report, summary = bench_structured(
+            llm, args.batch, args.repeats, args.max_tokens, args.num_schemas,
+            settings={"model": args.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized)",
+                      "llm_options": opts or "LLM() defaults", "seed": args.seed, "wait_quiet_s": args.wait_quiet},
+            log=(lambda s: None) if args.quiet else _log, settle=functools.partial(settle, args.wait_quiet))
+    print(format_structured(summary))
+    return report
+
+
 def _quant(args: argparse.Namespace) -> dict[str, Any]:
     from minillm.bench.quant import PeerDecodeRow, format_quant, measure_quant, peer_ratios
     from minillm.bench.report import build_report
@@ -713,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     report = {"latency": _latency, "throughput": _throughput, "serve": _serve, "prefix": _prefix,
-              "spec": _spec, "tp": _tp, "roofs": _show_roofs, "quant": _quant}[args.command](args)
+              "spec": _spec, "structured": _structured, "tp": _tp, "roofs": _show_roofs, "quant": _quant}[args.command](args)
     for note in args.peer_notes.values():  # a peer that did not run is said on stdout too, not only in the JSON
         print(f"note: {note}")
     _warn_if_noisy(report)

@@ -54,3 +54,8 @@ THROUGHPUT_COMPUTE_ROOF = ("throughput_compute_roof_fraction",
                            "FLOP/s over the whole workload (the trace's analytic FLOPs / wall), as a fraction of "
                            "the measured matmul roof of the dtype used", 0.6)
 PREFIX_TTFT_CUT = ("prefix_ttft_cut", "TTFT without / with prefix caching, ~1k-token shared prefix", 5.0)
+# structured outputs: batch-1 TPOT with a JSON schema at most 10% above the same requests without one,
+# once the grammar is compiled (bench/structured.py); as a speed ratio, plain / constrained >= 1 / 1.1
+STRUCTURED_TPOT_BATCH1 = ("structured_tpot_batch1",
+                          "batch-1 median decode-step time without / with a JSON schema (grammar compiled): "
+                          "TPOT at most 10% higher", 1 / 1.1)
