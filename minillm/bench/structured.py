@@ -204,7 +204,7 @@ def measure_tpot(engine, tokenizer, batch_sizes: Sequence[int], repeats: int = 3
     for b in batch_sizes:
         prompts = chat_token_ids(tokenizer, person_prompts(b))
         constrained = [SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=spec)] * b
-        compiles_before = len(engine.grammars.compiler.compile_seconds) if engine.grammars.compiler else 0
+        compiles_before = len(engine.grammars.compiler.compile_seconds) if engine.grammars is not None else 0
         # the first run compiles the grammar (at the first batch size) and fixes each request's length
         calib = run_requests(engine, prompts, constrained, f"so-calib-b{b}")
         lengths = calib.token_counts

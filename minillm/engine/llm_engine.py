@@ -27,7 +27,6 @@ from minillm.engine.block_manager import PREFIX_CACHES, BlockManager
 from minillm.engine.config import EngineConfig
 from minillm.engine.cost import bytes_per_weight
 from minillm.engine.executor import Executor
-from minillm.engine.grammar import GrammarGate
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.outputs import RequestOutput
 from minillm.engine.request import Request, RequestBuilder, RequestError
@@ -105,7 +104,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._builder = RequestBuilder(tokenizer, cfg.vocab_size, self.max_model_len,
                                        plan.num_blocks * plan.block_size, self.executor.device)
-        self.grammars = GrammarGate(tokenizer, cfg.vocab_size, self.eos_token_ids)  # structured outputs
+        self.grammars = None  # structured outputs: a GrammarGate (engine/grammar.py), made by the first grammar
         self.proposer = None
         if config.speculative is not None:
             from minillm.spec_decode.factory import make_proposer
@@ -132,6 +131,10 @@ class LLMEngine:
         now = time.perf_counter() if arrival_time is None else arrival_time
         req = self._builder.build(request_id, prompt, params or SamplingParams(), now, priority)
         if params is not None and params.structured_outputs is not None:
+            if self.grammars is None:
+                from minillm.engine.grammar import GrammarGate
+
+                self.grammars = GrammarGate(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
             self.grammars.hold(req.seqs, params.structured_outputs)  # enters the scheduler once compiled
         else:
             for s in req.seqs:
@@ -146,7 +149,8 @@ class LLMEngine:
         if req is None:
             return False
         now = time.perf_counter()
-        self.grammars.drop(req.seqs)
+        if self.grammars is not None:
+            self.grammars.drop(req.seqs)
         for seq in req.seqs:
             if not seq.is_finished:
                 self.scheduler.abort(seq)
@@ -227,7 +231,8 @@ class LLMEngine:
 
     def close(self) -> None:
         """Stop worker processes, if any, and the grammar compiler's thread."""
-        self.grammars.close()
+        if self.grammars is not None:
+            self.grammars.close()
         self.executor.close()
 
     # ----- conveniences -------------------------------------------------------------------

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from minillm.engine import grammar
+from typing import TYPE_CHECKING
+
 from minillm.engine.batch import ScheduledBatch, StepBatch
 from minillm.engine.sampler import Argmax, ban_tokens, logprob_entry, min_tokens_bans, sample
 from minillm.engine.scheduler import ChosenTokens
+
+if TYPE_CHECKING:
+    from minillm.engine.grammar import MaskStats
 
 
 def tree_depths(parents: list[int]) -> list[int]:
@@ -40,16 +44,21 @@ def _bans(batch: ScheduledBatch, step: StepBatch, eos_token_ids: set[int]) -> li
 
 
 def choose_tokens(batch: ScheduledBatch, step: StepBatch, logits: torch.Tensor | None, eos_token_ids: set[int],
-                  fast_argmax: Argmax | None = None) -> tuple[list[ChosenTokens | None], grammar.MaskStats]:
+                  fast_argmax: Argmax | None = None) -> tuple[list[ChosenTokens | None], "MaskStats | None"]:
     """chosen[i]: chunk i's tokens, or None when the chunk did not catch its sequence up; and what the
-    structured-output masks cost this step."""
+    structured-output masks cost this step (None: no sequence in the step has a grammar)."""
     chosen: list[ChosenTokens | None] = [None] * len(batch.chunks)
     if logits is None:
-        return chosen, grammar.MaskStats()
+        return chosen, None
     bans = _bans(batch, step, eos_token_ids)
     if bans is not None:
         logits = ban_tokens(logits.clone(), bans)
-    logits, masks = grammar.mask_logits(batch, step, logits)
+    grammar = None
+    if any(c.seq.grammar is not None for c in batch.chunks):  # structured outputs, loaded with the first grammar
+        from minillm.engine import grammar
+    masks = None
+    if grammar is not None:
+        logits, masks = grammar.mask_logits(batch, step, logits)
     plain = [i for i, (c, (_, n)) in enumerate(zip(batch.chunks, step.chunk_logits)) if n and not c.draft_token_ids]
     if plain:
         rows = [step.chunk_logits[i][0] for i in plain]
@@ -79,5 +88,6 @@ def choose_tokens(batch: ScheduledBatch, step: StepBatch, logits: torch.Tensor |
             lp = rows[scored_by].log_softmax(-1)
             lps = [logprob_entry(lp[j], t, p.logprobs) for j, t in enumerate(tokens)]
         chosen[i] = ChosenTokens(tokens, lps, accepted, path)
-    grammar.advance(batch, chosen)
+    if grammar is not None:
+        grammar.advance(batch, chosen)
     return chosen, masks
