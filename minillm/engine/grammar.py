@@ -50,7 +50,6 @@ class GrammarCompiler:
         import xgrammar as xgr
 
         self._xgr = xgr
-        self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=sorted(eos_token_ids))
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
@@ -88,6 +87,7 @@ def allowed_tokens(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
 
     Read as bytes, little-endian, token t is bit t % 8 of byte t // 8, and numpy's unpackbits turns
     each byte into its 8 bits, lowest first: one C loop, no torch thread pool woken for it."""
+    assert sys.byteorder == "little", "the bitmask's words are read as little-endian bytes"
     bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, bitorder="little")
     return torch.from_numpy(bits[:, :vocab_size].view(np.bool_))
 
@@ -128,7 +128,6 @@ def mask_logits(batch: "ScheduledBatch", step: "StepBatch", logits: torch.Tensor
             if walked:
                 matcher.rollback(walked)
             rows.append(first + j)
-    assert sys.byteorder == "little", "allowed_tokens reads the bitmask's words as little-endian bytes"
     forbidden = (~allowed_tokens(bitmask, logits.shape[-1])).to(logits.device)
     logits = logits.clone()
     for j, row in enumerate(rows):  # in place, row by row: no gather and scatter of the rows
@@ -152,21 +151,18 @@ def advance(batch: "ScheduledBatch", chosen: list["ChosenTokens | None"]) -> Non
 class GrammarGate:
     """Requests whose grammar is compiling wait here, outside the scheduler: the batch goes on
     without them, and they enter the waiting queue, each sequence with its own matcher, once their
-    grammar is ready. The compiler starts with the first constrained request."""
+    grammar is ready. The engine makes one with its first constrained request."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int]) -> None:
-        self._tokenizer, self._vocab_size, self._eos = tokenizer, vocab_size, eos_token_ids
-        self.compiler: GrammarCompiler | None = None
+        if tokenizer is None:
+            raise ValueError("structured outputs need the engine's tokenizer (this engine has none)")
+        self.compiler = GrammarCompiler(tokenizer, vocab_size, eos_token_ids)
         self._held: list[tuple[Future, list]] = []  # (compiled grammar, the request's sequences)
 
     def __bool__(self) -> bool:
         return bool(self._held)
 
     def hold(self, seqs: list, spec: "StructuredOutputs") -> None:
-        if self._tokenizer is None:
-            raise ValueError("structured outputs need the engine's tokenizer (this engine has none)")
-        if self.compiler is None:
-            self.compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._eos)
         self._held.append((self.compiler.submit(spec), seqs))
 
     def ready(self, wait: bool = False) -> tuple[list, list[tuple[list, BaseException]]]:
@@ -192,5 +188,4 @@ class GrammarGate:
         self._held = [(f, s) for f, s in self._held if s is not seqs]
 
     def close(self) -> None:
-        if self.compiler is not None:
-            self.compiler.close()
+        self.compiler.close()

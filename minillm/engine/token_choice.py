@@ -53,11 +53,9 @@ def choose_tokens(batch: ScheduledBatch, step: StepBatch, logits: torch.Tensor |
     bans = _bans(batch, step, eos_token_ids)
     if bans is not None:
         logits = ban_tokens(logits.clone(), bans)
-    grammar = None
+    grammar, masks = None, None
     if any(c.seq.grammar is not None for c in batch.chunks):  # structured outputs, loaded with the first grammar
         from minillm.engine import grammar
-    masks = None
-    if grammar is not None:
         logits, masks = grammar.mask_logits(batch, step, logits)
     plain = [i for i, (c, (_, n)) in enumerate(zip(batch.chunks, step.chunk_logits)) if n and not c.draft_token_ids]
     if plain:
